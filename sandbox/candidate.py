@@ -1,0 +1,111 @@
+"""A kernel version: CUDA source text plus knob values, with its knobs and includes validated."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from pydantic import BaseModel, ConfigDict
+
+KNOB_RE = re.compile(r"^\s*//\s*@knob\s+(\w+)\s+(-?\d+)\s+\{([^}]*)\}\s*$", re.MULTILINE)
+KNOB_LOOSE_RE = re.compile(r"^\s*//\s*@knob\b.*$", re.MULTILINE)
+INCLUDE_RE = re.compile(r"^\s*#\s*include\s*([<\"])([^>\"]+)[>\"]", re.MULTILINE)
+
+ALLOWED_INCLUDES = {
+    "cuda_bf16.h", "cuda_fp16.h", "cuda_fp8.h", "cuda_runtime.h", "cuda.h", "cooperative_groups.h",
+    "cooperative_groups/reduce.h", "cooperative_groups/memcpy_async.h", "cooperative_groups/scan.h",
+    "cuda_pipeline.h", "cuda_pipeline_primitives.h", "cuda_awbarrier.h", "cuda_awbarrier_primitives.h",
+    "cuda/barrier", "cuda/pipeline", "cuda/atomic", "cuda/std/cstdint", "cuda/std/limits",
+    "cuda/std/type_traits", "cuda/ptx", "mma.h", "stdint.h", "cstdint", "math_constants.h",
+}
+
+
+class CandidateError(ValueError):
+    """The source breaks a rule of the sandbox (bad knob declaration, include outside the allow-list)."""
+
+
+class Knob(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    default: int
+    values: tuple[int, ...]
+
+
+class Candidate(BaseModel):
+    """What the planner controls: the source and the knob values (defaults fill the rest)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    knobs: dict[str, int] = {}
+
+    @property
+    def source_sha(self) -> str:
+        return source_sha256(self.source)
+
+    def resolved_knobs(self) -> dict[str, int]:
+        return resolve_knobs(parse_knobs(self.source), self.knobs)
+
+    def key(self, extra: str = "") -> str:
+        """Build key: source, resolved knobs and whatever else determines the binary (options, arch, versions)."""
+        blob = json.dumps({"src": self.source_sha, "knobs": self.resolved_knobs(), "extra": extra}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def source_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse_knobs(source: str) -> list[Knob]:
+    """`// @knob NAME DEFAULT {v1,v2,...}` lines, in order; malformed or duplicate ones are errors."""
+    knobs: dict[str, Knob] = {}
+    well_formed = {m.start() for m in KNOB_RE.finditer(source)}
+    for m in KNOB_LOOSE_RE.finditer(source):
+        if m.start() not in well_formed:
+            raise CandidateError(f"malformed knob declaration: {m.group(0).strip()!r} "
+                                 "(expected '// @knob NAME DEFAULT {v1,v2,...}')")
+    for m in KNOB_RE.finditer(source):
+        name, default = m.group(1), int(m.group(2))
+        try:
+            values = tuple(int(v) for v in m.group(3).split(",") if v.strip())
+        except ValueError as e:
+            raise CandidateError(f"knob {name}: values must be integers: {{{m.group(3)}}}") from e
+        if name in knobs:
+            raise CandidateError(f"knob {name} is declared twice")
+        if default not in values:
+            raise CandidateError(f"knob {name}: default {default} is not one of {values}")
+        knobs[name] = Knob(name=name, default=default, values=values)
+    return list(knobs.values())
+
+
+def resolve_knobs(declared: list[Knob], values: dict[str, int]) -> dict[str, int]:
+    """Defaults overridden by `values`; unknown names and undeclared values are errors."""
+    by_name = {k.name: k for k in declared}
+    unknown = sorted(set(values) - set(by_name))
+    if unknown:
+        raise CandidateError(f"unknown knob(s) {unknown}; declared: {sorted(by_name)}")
+    out = {k.name: k.default for k in declared}
+    for name, v in values.items():
+        if int(v) not in by_name[name].values:
+            raise CandidateError(f"knob {name}={v} is not one of {by_name[name].values}")
+        out[name] = int(v)
+    return out
+
+
+def check_includes(source: str) -> None:
+    """Only system CUDA headers from the allow-list; quoted includes are refused."""
+    for m in INCLUDE_RE.finditer(source):
+        line = source.count("\n", 0, m.start()) + 1
+        if m.group(1) == '"':
+            raise CandidateError(f"line {line}: #include \"{m.group(2)}\" refused: candidates are one file")
+        if m.group(2) not in ALLOWED_INCLUDES:
+            raise CandidateError(f"line {line}: #include <{m.group(2)}> is not on the allow-list "
+                                 f"({', '.join(sorted(ALLOWED_INCLUDES))})")
+
+
+def validate(candidate: Candidate) -> dict[str, int]:
+    """Everything checkable without a compiler; returns the resolved knob values."""
+    check_includes(candidate.source)
+    return candidate.resolved_knobs()

@@ -1,0 +1,125 @@
+"""Fail-closed correctness protocol: a candidate passes only if every case and every tensor passes.
+
+Cases (all against the fp32 reference run from a copy of the very same inputs):
+- step: fixed seeds at every check context, fresh seeds at one context each; outputs poisoned first;
+- repeat: the first case run again from identical inputs must be bit-identical (races show);
+- continuation: the candidate goes on from its own returned state, each step compared with the
+  reference run from a copy of that state (a chained trajectory would measure precision drift);
+- swap: mid-run, a different state object is handed in (stale internal copies show).
+Every tensor the step updates is compared (cosine AND relative L2, all values finite), and state the
+step must not touch (old cache rows) must stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tasks.base import Task
+from traces.results import CheckCase, CheckResult, TensorCheck
+
+
+def compare(name: str, got: torch.Tensor, want: torch.Tensor, task: Task, slack: float = 1.0,
+            reference=None) -> TensorCheck:
+    cls = task.tensor_class(name, reference)
+    tol = task.spec.tolerances[cls]
+    g, w = got.detach().double().flatten(), want.detach().double().flatten()
+    finite = bool(torch.isfinite(g).all()) and g.shape == w.shape
+    if finite:
+        denom = w.norm().item()
+        rel = (g - w).norm().item() / denom if denom > 0 else float((g - w).norm().item() > 0)
+        cos = torch.nn.functional.cosine_similarity(g, w, dim=0).item() if denom > 0 else float(rel == 0)
+    else:
+        rel, cos = float("inf"), float("nan")
+    passed = finite and cos >= tol.cos_min and rel <= tol.rel_l2_max * slack
+    return TensorCheck(name=name, tensor_class=cls, cos=cos, rel_l2=rel, finite=finite,
+                       cos_min=tol.cos_min, rel_l2_max=tol.rel_l2_max * slack, passed=passed)
+
+
+def _describe(case: CheckCase) -> str:
+    where = f"{case.kind} seed={case.seed} ctx={case.ctx}" + (f" step={case.step}" if case.step else "")
+    if case.message:
+        return f"{where}: {case.message}"
+    bad = [t for t in case.tensors if not t.passed]
+    if bad:
+        t = bad[0]
+        return (f"{where}: tensor {t.name} cos={t.cos:.4f} (min {t.cos_min}) rel_l2={t.rel_l2:.4g} "
+                f"(max {t.rel_l2_max:.4g}) finite={t.finite}")
+    broken = [k for k, ok in case.untouched.items() if not ok]
+    return f"{where}: {broken[0]} changed but must stay bit-identical" if broken else where
+
+
+class Checker:
+    def __init__(self, task: Task, reference, candidate, device: torch.device):
+        self.task, self.ref, self.cand, self.device = task, reference, candidate, device
+
+    def _candidate_step(self, hidden, state):
+        poison = getattr(self.cand, "poison", None)
+        if poison is not None:
+            poison(state)
+        out, st = self.cand.step(hidden, state)
+        torch.cuda.synchronize()
+        return out.clone(), st
+
+    def _case(self, kind, seed, ctx, hidden, state, step=0, slack=1.0):
+        """Run reference and candidate on copies of (hidden, state); returns (case, cand_out, cand_state)."""
+        before = Task.clone_state(state)
+        r_out, r_state = self.ref.step(hidden.clone(), Task.clone_state(state))
+        c_out, c_state = self._candidate_step(hidden.clone(), state)
+        try:
+            want = self.task.observables(r_out, r_state, ctx)
+            got = self.task.observables(c_out, c_state, ctx)
+        except ValueError as e:
+            return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=str(e)), c_out, c_state
+        tensors = [compare(n, got[n], want[n], self.task, slack, self.ref) for n in want]
+        untouched = self.task.untouched(before, c_state, ctx)
+        passed = all(t.passed for t in tensors) and all(untouched.values())
+        case = CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, tensors=tensors, untouched=untouched, passed=passed)
+        return case, c_out, c_state
+
+    def _repeat(self, seed, ctx) -> CheckCase:
+        hidden, state = self.task.make_inputs(seed, ctx, self.device)
+        first = self._candidate_step(hidden.clone(), Task.clone_state(state))
+        first_obs = {k: v.clone() for k, v in self.task.observables(first[0], first[1], ctx).items()}
+        second = self._candidate_step(hidden.clone(), Task.clone_state(state))
+        second_obs = self.task.observables(second[0], second[1], ctx)
+        differing = [n for n in first_obs if not torch.equal(first_obs[n], second_obs[n])]
+        msg = f"two runs from identical inputs differ in {differing} (race?)" if differing else ""
+        return CheckCase(kind="repeat", seed=seed, ctx=ctx, passed=not differing, message=msg)
+
+    def run(self, fresh: list[int]) -> CheckResult:
+        t0 = time.perf_counter()
+        spec = self.task.spec
+        ctxs = spec.check_context_lengths
+        plan = [(s, c) for s in spec.fixed_seeds for c in ctxs]
+        plan += [(s, ctxs[i % len(ctxs)]) for i, s in enumerate(fresh)]
+        cases: list[CheckCase] = []
+
+        def done() -> CheckResult:
+            failed = next((c for c in cases if not c.passed), None)
+            return CheckResult(passed=failed is None, seeds=list(spec.fixed_seeds) + fresh, fresh_seeds=fresh,
+                               cases=cases, first_failure=_describe(failed) if failed else "",
+                               seconds=time.perf_counter() - t0)
+
+        for seed, ctx in plan:
+            hidden, state = self.task.make_inputs(seed, ctx, self.device)
+            cases.append(self._case("step", seed, ctx, hidden, state)[0])
+            if not cases[-1].passed:
+                return done()
+        cases.append(self._repeat(*plan[0]))
+        if not cases[-1].passed:
+            return done()
+        # continuation from the candidate's own state, then a swapped-in state
+        seed, ctx = plan[len(plan) // 2]
+        hidden, state = self.task.make_inputs(seed, ctx, self.device)
+        for step in range(1, spec.continuation_steps + 1):
+            case, hidden, state = self._case("continuation", seed, ctx + step - 1, hidden, state, step,
+                                             spec.continuation_slack)
+            cases.append(case)
+            if not case.passed:
+                return done()
+        swap_seed = seed + 1000
+        hidden, state = self.task.make_inputs(swap_seed, ctx, self.device)
+        cases.append(self._case("swap", swap_seed, ctx, hidden, state)[0])
+        return done()

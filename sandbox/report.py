@@ -1,0 +1,47 @@
+"""Render an EvalResult for people (rich table) — used by `bench` and `compare`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from traces.results import EvalResult
+
+
+def check_summary(res: EvalResult) -> str:
+    if res.check is None:
+        return "not run"
+    if res.check.passed:
+        return f"pass ({len(res.check.cases)} cases, seeds {res.check.seeds})"
+    return f"FAIL: {res.check.first_failure}"
+
+
+def print_eval(res: EvalResult, console: Console | None = None, title: str = "") -> None:
+    console = console or Console()
+    if res.device:
+        d = res.device
+        console.print(f"[bold]{d.name}[/] · {d.sms} SMs · copy {d.copy_tbs:.2f} TB/s · driver {d.driver} · "
+                      f"CUDA {d.cuda} · torch {d.torch} · cupy {d.cupy}")
+    b = res.build
+    if b and b.resources:
+        r = b.resources
+        console.print(f"build {'(cached) ' if b.cached else ''}{b.seconds:.1f}s · {r.registers} regs · "
+                      f"local {r.local_bytes} B · smem {r.static_smem}+{r.dynamic_smem} B · {r.threads} threads × "
+                      f"{r.blocks_per_sm}/SM (fit {r.blocks_fit_per_sm}) = grid {r.grid} · knobs {res.knobs}")
+    console.print(f"check: {check_summary(res)}")
+    if res.launches:
+        console.print(f"launches per step: {res.launches.kernels} ({', '.join(res.launches.names)})")
+    if res.timings:
+        t = Table(title=title or f"{res.task} ({res.size})")
+        for col in ("ctx", "µs/token", "spread", "tok/s", "baseline µs", "speedup", "TB/s", "roofline", "host µs"):
+            t.add_column(col, justify="right")
+        for tm in res.timings:
+            t.add_row(str(tm.ctx), f"{tm.median_us:.1f}", f"{tm.spread:.1%}", f"{tm.tok_s:,.0f}",
+                      f"{tm.baseline_median_us:.1f}" if tm.baseline_median_us else "-",
+                      f"{tm.speedup:.1f}x" if tm.speedup else "-", f"{tm.achieved_tbs:.2f}", f"{tm.roofline:.1%}",
+                      f"{tm.host_us:.1f}")
+        console.print(t)
+    if res.failure:
+        f = res.failure
+        console.print(f"[red]{f.cls.value} failure in {f.phase}[/]: {f.message}")
+    console.print("phase seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res.phase_seconds.items()))

@@ -1,0 +1,184 @@
+"""GPU worker process: keeps the task's models warm and evaluates candidates on request.
+
+Started by sandbox.pool in its own process group. Protocol: requests on stdin, messages on the
+original stdout (fd 1 is redirected to stderr so that nothing else can corrupt the protocol).
+After any CUDA error or failed check the worker answers and exits: a retired process cannot hand
+a scribbled context or corrupted weights to the next candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+PROTOCOL_OUT = None
+
+
+def send(obj: dict) -> None:
+    PROTOCOL_OUT.write(json.dumps(obj) + "\n")
+    PROTOCOL_OUT.flush()
+
+
+class Worker:
+    def __init__(self, task_name: str, size: str, weight_seed: int):
+        import torch
+
+        from tasks.registry import get_task
+
+        from .device import device_info
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA GPU is visible to this process")
+        self.torch = torch
+        self.device = torch.device("cuda:0")
+        torch.cuda.set_device(self.device)
+        self.task = get_task(task_name, size)
+        self.info = device_info(self.device)
+        major, minor = torch.cuda.get_device_capability(self.device)
+        self.arch = f"sm_{major}{minor}"
+        self.reference = self.task.build_reference(self.device, weight_seed)
+        self.baseline = self.task.build_baseline(self.reference)
+        self.candidate_model = None
+        self.kernels: dict = {}
+        self.baseline_us: dict[int, list[float]] = {}
+
+    def _candidate(self, kernel):
+        if self.candidate_model is None:
+            self.candidate_model = self.task.build_candidate(self.reference, kernel)
+        else:
+            self.candidate_model.attach(kernel)
+        return self.candidate_model
+
+    def evaluate(self, req) -> tuple[dict, bool]:
+        """(EvalResult as dict, retire?)."""
+        from traces.results import EvalResult, Failure, FailureClass
+
+        from .build import build_on_device
+        from .candidate import Candidate, CandidateError
+        from .checks import Checker
+        from .profile import count_launches
+        from .timing import time_steps, timing_result
+
+        cand = Candidate(source=req.source, knobs=req.knobs)
+        spec = self.task.spec
+        try:
+            key = cand.key(f"{self.arch}|{self.task.defines()}|{self.info.cupy}|{self.info.cuda}")
+        except CandidateError as e:
+            res = EvalResult(task=spec.name, size=spec.size, key="", failure=Failure(
+                cls=FailureClass.build, phase="build", message=str(e)), device=self.info, worker_pid=os.getpid())
+            return res.model_dump(), False
+        res = EvalResult(task=spec.name, size=spec.size, key=key, device=self.info, worker_pid=os.getpid())
+        phase = "build"
+        t0 = time.perf_counter()
+
+        def enter(name: str) -> None:
+            nonlocal phase, t0
+            res.phase_seconds[phase] = res.phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
+            phase, t0 = name, time.perf_counter()
+            send({"event": "phase", "phase": name})
+
+        send({"event": "phase", "phase": "build"})
+        try:
+            build, kernel = build_on_device(self.task, cand, self.arch, key, self.kernels)
+            res.build, res.knobs = build, build.knobs
+            if not build.ok:
+                res.failure = Failure(cls=FailureClass.build, phase="build", message=build.error)
+                return res.model_dump(), False
+            enter("check")
+            try:
+                model = self._candidate(kernel)
+                hidden, state = self.task.make_inputs(spec.fixed_seeds[0], spec.check_context_lengths[0], self.device)
+                model.step(hidden, state)  # first launch: packs arguments, checks co-residency
+                self.torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                if "co-reside" in str(e) or "threads per block" in str(e) or "ABI size" in str(e):
+                    res.failure = Failure(cls=FailureClass.build, phase="launch", message=str(e))
+                    return res.model_dump(), False
+                raise
+            if req.check:
+                res.check = Checker(self.task, self.reference, model, self.device).run(req.fresh_seeds)
+                if not res.check.passed:
+                    res.failure = Failure(cls=FailureClass.wrong, phase="check", message=res.check.first_failure)
+                    return res.model_dump(), True
+                enter("launches")
+                ctx = spec.check_context_lengths[0]
+                hidden, state = self.task.make_inputs(spec.fixed_seeds[0], ctx, self.device)
+                res.launches = count_launches(lambda: model.step(hidden, state), self.device)
+                if res.launches.kernels != 1:
+                    res.failure = Failure(cls=FailureClass.wrong, phase="launches",
+                                          message=f"{res.launches.kernels} kernel launches per step "
+                                                  f"({', '.join(res.launches.names)}); exactly 1 is required")
+                    return res.model_dump(), True
+            if req.time:
+                tspec = spec.timing
+                contexts = req.contexts or spec.context_lengths
+                if req.baseline:
+                    enter("baseline")
+                    for ctx in contexts:
+                        if ctx not in self.baseline_us:
+                            self.baseline_us[ctx], _ = time_steps(
+                                self.task, self.baseline, ctx, 7, tspec.baseline_steps_per_sample,
+                                tspec.baseline_samples, 1, self.device)
+                enter("time")
+                steps = req.steps_per_sample or tspec.steps_per_sample
+                for ctx in contexts:
+                    gpu, host = time_steps(self.task, model, ctx, 7, steps, req.samples or tspec.samples,
+                                           tspec.warmup_steps, self.device)
+                    res.timings.append(timing_result(self.task, ctx, steps, gpu, host, self.info.copy_tbs,
+                                                     self.baseline_us.get(ctx) if req.baseline else None))
+            enter("done")
+            return res.model_dump(), False
+        except Exception as e:  # noqa: BLE001 - classified below; the parent gets a result, never a hang
+            detail = f"{type(e).__name__}: {e}"
+            cuda_broken = not self._context_healthy() or "CUDA" in str(e) or "cuda" in type(e).__module__
+            cls = FailureClass.crash if cuda_broken else FailureClass.infra
+            res.failure = Failure(cls=cls, phase=phase, message=detail[:2000], retryable=not cuda_broken)
+            sys.stderr.write(traceback.format_exc())
+            return res.model_dump(), True
+        finally:
+            res.phase_seconds[phase] = res.phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def _context_healthy(self) -> bool:
+        try:
+            self.torch.cuda.synchronize()
+            self.torch.zeros(1, device=self.device).add_(1).item()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def main() -> None:
+    global PROTOCOL_OUT
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", required=True)
+    ap.add_argument("--size", default="full")
+    ap.add_argument("--weight-seed", type=int, default=0)
+    args = ap.parse_args()
+    PROTOCOL_OUT = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints (compilers, libraries) go to the log, not the protocol
+    sys.stdout = sys.stderr
+    try:
+        worker = Worker(args.task, args.size, args.weight_seed)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        send({"event": "fatal", "message": f"{type(e).__name__}: {e}"})
+        return
+    send({"event": "ready", "pid": os.getpid(), "device": worker.info.model_dump()})
+    from .protocol import EvalRequest
+
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("op") == "shutdown":
+            break
+        result, retire = worker.evaluate(EvalRequest.model_validate(msg["request"]))
+        send({"event": "result", "result": result, "retire": retire})
+        if retire:
+            break
+
+
+if __name__ == "__main__":
+    main()

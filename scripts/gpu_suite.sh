@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi bench calib
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
+
+render() {  # pretty-print an EvalResult JSON file
+  python3 - "$1" <<'PY'
+import sys
+sys.path.insert(0, ".")
+from rich.console import Console
+from sandbox.report import print_eval
+from traces.results import EvalResult
+print_eval(EvalResult.model_validate_json(open(sys.argv[1]).read()), Console(width=170))
+PY
+}
+
+for step in "$@"; do
+  echo "=== $step ==="
+  case $step in
+    diag)
+      timeout 300 python3 scripts/kimi_diag.py small 2>&1 | tee "$OUT/diag_small.log"
+      timeout 300 python3 scripts/kimi_diag.py full 2>&1 | tee "$OUT/diag_full.log" ;;
+    tests) timeout 1200 python3 -m pytest -m gpu -q -rs --durations=15 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    sandbox) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_sandbox.py 2>&1 | tee "$OUT/gpu_sandbox.log" | tail -40 ;;
+    kimi) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_kimi.py 2>&1 | tee "$OUT/gpu_kimi.log" | tail -40 ;;
+    bench)
+      timeout 300 python3 run_agent.py bench --task w4a16_gemv --json > "$OUT/bench_gemv.json" 2> "$OUT/bench_gemv.err"; render "$OUT/bench_gemv.json"
+      timeout 500 python3 run_agent.py bench --json > "$OUT/bench_kimi.json" 2> "$OUT/bench_kimi.err"; render "$OUT/bench_kimi.json" ;;
+    calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
+    *) echo "unknown step $step" ;;
+  esac
+done

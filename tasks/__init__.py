@@ -1,0 +1,1 @@
+"""Task definitions: reference, baseline, inputs, tolerances and kernel binding per task."""

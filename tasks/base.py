@@ -1,0 +1,79 @@
+"""The interface a task implements for the sandbox (runs inside a GPU worker process)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+
+from .cuda_runtime import CompiledKernel
+from .spec import TaskSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+State = list[dict]
+
+
+class Task(ABC):
+    """A decode-style problem: `step(hidden, state) -> (hidden, state)` for reference, baseline, candidate."""
+
+    spec: TaskSpec
+
+    # ---- compile side (no GPU needed) ----
+    @abstractmethod
+    def defines(self) -> dict[str, str]:
+        """Task dimensions passed to the compiler as -D."""
+
+    @abstractmethod
+    def prelude(self) -> str:
+        """Text prepended to every candidate (headers, ABI structs, launch macro)."""
+
+    def seed_source(self) -> str:
+        return (ROOT / self.spec.seed_kernel).read_text()
+
+    # ---- GPU side ----
+    @abstractmethod
+    def build_reference(self, device: torch.device, weight_seed: int) -> torch.nn.Module:
+        """The fp32 oracle with freshly generated weights."""
+
+    @abstractmethod
+    def build_baseline(self, reference: torch.nn.Module) -> torch.nn.Module:
+        """The optimized-PyTorch floor, sharing the reference's weights."""
+
+    @abstractmethod
+    def build_candidate(self, reference: torch.nn.Module, kernel: CompiledKernel) -> torch.nn.Module:
+        """A model whose step launches `kernel` once, sharing the reference's weights."""
+
+    @abstractmethod
+    def make_inputs(self, seed: int, ctx: int, device: torch.device) -> tuple[torch.Tensor, State]:
+        """Hidden vector and decode state holding `ctx` tokens."""
+
+    @abstractmethod
+    def observables(self, hidden: torch.Tensor, state: State, ctx: int) -> dict[str, torch.Tensor]:
+        """Every tensor a step produces or updates, by name (after a step from a `ctx`-token state)."""
+
+    @abstractmethod
+    def untouched(self, state_before: State, state_after: State, ctx: int) -> dict[str, bool]:
+        """Parts of the state a step must leave bit-identical (e.g. old cache rows), by name."""
+
+    @abstractmethod
+    def tensor_class(self, name: str, reference: torch.nn.Module | None = None) -> str:
+        """Key into spec.tolerances for an observable; `reference` (after its step) may refine it."""
+
+    @abstractmethod
+    def rewind(self, state: State, ctx: int) -> State:
+        """The same state seen as holding only `ctx` tokens (for repeatable timing)."""
+
+
+    @staticmethod
+    def clone_state(state: State) -> State:
+        return [{k: v.clone() for k, v in st.items()} for st in state]
+
+
+def sharing_weights(cls: type[torch.nn.Module], cfg, reference: torch.nn.Module) -> torch.nn.Module:
+    """A `cls(cfg)` built on the reference's device and loaded with its weights (strict, as upstream)."""
+    with torch.device(next(reference.parameters()).device):
+        model = cls(cfg)
+    model.load_state_dict(reference.state_dict(), strict=True)
+    return model.eval()

@@ -1,0 +1,179 @@
+"""Compile a CUDA source with CuPy (NVRTC) and launch it cooperatively through the driver API.
+
+The launcher keeps one ctypes argument block per kernel and updates it in place, so a launch costs
+one foreign call (a few µs) and allocates nothing. Every driver call is checked and failures name
+the call. Imports nothing from this project: `export` embeds this file in solution.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+LAUNCH_SYMBOLS = ("launch_threads", "launch_blocks_per_sm", "launch_dynamic_smem", "scratch_bytes", "counter_words")
+
+# A kernel states its launch shape and scratch needs with this macro; the host reads the globals.
+LAUNCH_CONTRACT_MACRO = """
+#define MK_LAUNCH_CONTRACT(threads, blocks_per_sm, dyn_smem, scratch, counters) \\
+  extern "C" __device__ unsigned long long launch_threads = (threads); \\
+  extern "C" __device__ unsigned long long launch_blocks_per_sm = (blocks_per_sm); \\
+  extern "C" __device__ unsigned long long launch_dynamic_smem = (dyn_smem); \\
+  extern "C" __device__ unsigned long long scratch_bytes = (scratch); \\
+  extern "C" __device__ unsigned long long counter_words = (counters);
+"""
+
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the error."""
+
+
+class _Driver:
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        launch = self.lib.cuLaunchCooperativeKernel
+        launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p]
+        launch.restype = ctypes.c_int
+        self.launch = launch
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(status, ctypes.byref(name))
+            raise CudaError(f"{what} failed: {(name.value or b'?').decode()} ({status})")
+
+    def occupancy(self, func: int, threads: int, dyn_smem: int) -> int:
+        blocks = ctypes.c_int()
+        self.check(
+            self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(blocks), ctypes.c_void_p(func), ctypes.c_int(threads), ctypes.c_size_t(dyn_smem)
+            ),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )
+        return blocks.value
+
+    def set_max_dynamic_smem(self, func: int, nbytes: int) -> None:
+        self.check(
+            self.lib.cuFuncSetAttribute(
+                ctypes.c_void_p(func), _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, ctypes.c_int(nbytes)
+            ),
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+        )
+
+    def sm_count(self) -> int:
+        dev, count = ctypes.c_int(), ctypes.c_int()
+        self.check(self.lib.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
+        self.check(
+            self.lib.cuDeviceGetAttribute(ctypes.byref(count), _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+        )
+        return count.value
+
+
+_driver: _Driver | None = None
+
+
+def driver() -> _Driver:
+    global _driver
+    if _driver is None:
+        _driver = _Driver()
+    return _driver
+
+
+@dataclass
+class LaunchContract:
+    """What a kernel declares about its own launch (read from its `launch_*` device globals)."""
+
+    threads: int
+    blocks_per_sm: int
+    dynamic_smem: int
+    scratch_bytes: int
+    counter_words: int
+
+
+@dataclass
+class CompiledKernel:
+    """A loaded kernel: its CuPy module, function handle, resources and declared launch contract."""
+
+    module: object
+    function: object
+    handle: int
+    contract: LaunchContract
+    registers: int
+    local_bytes: int
+    static_smem: int
+    max_threads: int
+
+    def read_u64(self, symbol: str) -> int:
+        import cupy
+        import numpy
+
+        ptr = self.module.get_global(symbol)
+        return int(cupy.ndarray((1,), dtype=numpy.uint64, memptr=ptr).get()[0])
+
+
+def compile_kernel(source: str, entry: str, options: tuple[str, ...]) -> CompiledKernel:
+    """Compile with NVRTC (cooperative groups on), load, and read resources and the launch contract.
+
+    Raises cupy's CompileException (with the compiler log) on a compile error.
+    """
+    import cupy
+
+    module = cupy.RawModule(code=source, options=options, enable_cooperative_groups=True)
+    module.compile()
+    function = module.get_function(entry)
+    handle = int(function.kernel.ptr)
+    kernel = CompiledKernel(
+        module=module,
+        function=function,
+        handle=handle,
+        contract=LaunchContract(0, 0, 0, 0, 0),
+        registers=int(function.num_regs),
+        local_bytes=int(function.local_size_bytes),
+        static_smem=int(function.shared_size_bytes),
+        max_threads=int(function.max_threads_per_block),
+    )
+    values = {name: kernel.read_u64(name) for name in LAUNCH_SYMBOLS}
+    kernel.contract = LaunchContract(
+        threads=values["launch_threads"],
+        blocks_per_sm=values["launch_blocks_per_sm"],
+        dynamic_smem=values["launch_dynamic_smem"],
+        scratch_bytes=values["scratch_bytes"],
+        counter_words=values["counter_words"],
+    )
+    if kernel.contract.dynamic_smem > 48 * 1024:
+        driver().set_max_dynamic_smem(handle, kernel.contract.dynamic_smem)
+    return kernel
+
+
+class CooperativeLauncher:
+    """Launches one kernel cooperatively with a by-value parameter struct that is edited in place."""
+
+    def __init__(self, kernel: CompiledKernel, params: ctypes.Structure):
+        drv = driver()
+        c = kernel.contract
+        if c.threads <= 0 or c.threads > kernel.max_threads:
+            raise CudaError(f"kernel declares {c.threads} threads per block; it supports at most {kernel.max_threads}")
+        fits = drv.occupancy(kernel.handle, c.threads, c.dynamic_smem)
+        if c.blocks_per_sm < 1 or c.blocks_per_sm > fits:
+            raise CudaError(
+                f"grid cannot co-reside: kernel asks for {c.blocks_per_sm} blocks/SM of {c.threads} threads "
+                f"({kernel.registers} regs, {kernel.static_smem + c.dynamic_smem} B smem) but only {fits} fit"
+            )
+        self.kernel = kernel
+        self.params = params
+        self.grid = drv.sm_count() * c.blocks_per_sm
+        self._args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
+        self._drv = drv
+
+    def launch(self, stream: int) -> None:
+        c = self.kernel.contract
+        status = self._drv.launch(
+            ctypes.c_void_p(self.kernel.handle), self.grid, 1, 1, c.threads, 1, 1, c.dynamic_smem,
+            ctypes.c_void_p(stream), self._args,
+        )
+        if status:
+            self._drv.check(status, "cuLaunchCooperativeKernel")

@@ -1,0 +1,215 @@
+"""Host binding of the Kimi megakernel: a drop-in `Model` whose `step` is one cooperative launch.
+
+The model has the reference's module tree (strict state-dict loads). Weight pointers are packed
+into the kernel's parameter struct once; per step only the state pointers, the cache length and
+the output buffer change, edited in place in the same struct. KDA states are updated in place,
+the MLA cache lives in a preallocated capacity buffer (row `ctx_len` is written by the kernel)
+and the returned state holds views of it. A state the caller hands in is always read from its
+own tensors, so a new or externally modified state is honoured.
+
+The returned hidden vector lives in a ring of two buffers: it stays valid until the step after
+next (clone it to keep it longer).
+
+Imports only torch/ctypes and modules that import nothing else from this project (export embeds
+this file after them and drops the relative imports).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel
+from .abi import ENTRY, NUM_PROJ, c_header, params_type
+from .modules import KimiBlocks, rope_inv_freq
+
+RMS_EPS = 1.0e-6
+
+
+def kernel_defines(cfg) -> dict[str, str]:
+    """Task dimensions for `-D`: the kernel takes every shape from here."""
+    mla_mask = sum(1 << i for i, kind in enumerate(cfg.pattern) if kind == "M")
+    return {
+        "HIDDEN": str(cfg.hidden),
+        "KDA_H": str(cfg.kda_heads),
+        "KDA_D": str(cfg.kda_head_dim),
+        "CONV_K": str(cfg.short_conv),
+        "MLA_H": str(cfg.mla_heads),
+        "KV_LORA": str(cfg.kv_lora),
+        "QK_NOPE": str(cfg.qk_nope),
+        "QK_ROPE": str(cfg.qk_rope),
+        "V_HEAD": str(cfg.v_head),
+        "N_EXPERTS": str(cfg.n_experts),
+        "N_ACTIVE": str(cfg.n_active),
+        "N_SHARED": str(cfg.n_shared),
+        "MOE_INTER": str(cfg.moe_inter),
+        "QGROUP": str(cfg.group),
+        "NUM_LAYERS": str(len(cfg.pattern)),
+        "MLA_LAYER_MASK": str(mla_mask),
+        "ROUTED_SCALING": f"{cfg.routed_scaling!r}f",
+        "MLA_SCALE": f"{(cfg.qk_nope + cfg.qk_rope) ** -0.5!r}f",
+        "RMS_EPS": f"{RMS_EPS!r}f",
+    }
+
+
+def kernel_prelude(cfg) -> str:
+    """Text prepended to every candidate: CUDA headers, the ABI structs and the launch macro."""
+    return "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" + c_header(len(cfg.pattern)) + LAUNCH_CONTRACT_MACRO
+
+
+class MegakernelModel(KimiBlocks):
+    """`step(hidden, state) -> (hidden, state)` with exactly one kernel launch."""
+
+    def __init__(self, cfg, kernel: CompiledKernel | None = None):
+        super().__init__(cfg)
+        self._kernel = kernel
+        self._launcher: CooperativeLauncher | None = None
+        self._params = None
+        self._ring: list[torch.Tensor] = []
+        self._ring_next = 0
+        self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._mla_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "M"]
+        self._kda_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "K"]
+
+    def attach(self, kernel: CompiledKernel) -> MegakernelModel:
+        self._kernel = kernel
+        self._launcher = None
+        return self
+
+    def _apply(self, fn, *args, **kwargs):
+        self._launcher = None  # weights moved: repack pointers on the next step
+        return super()._apply(fn, *args, **kwargs)
+
+    # ---- one-time packing -------------------------------------------------------------------
+
+    def _pack(self, device: torch.device) -> None:
+        if self._kernel is None:
+            raise RuntimeError("no kernel attached: call attach(compile_kernel(...)) first")
+        size = self._kernel.read_u64("kimi_abi_size")
+        ptype = params_type(len(self.cfg.pattern))
+        if size != ctypes.sizeof(ptype):
+            raise RuntimeError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
+        p = ptype()
+        for i, blk in enumerate(self.blocks):
+            lp = p.layer[i]
+            lp.attn_norm = blk.attn_norm.data_ptr()
+            lp.moe_norm = blk.moe_norm.data_ptr()
+            projs = (
+                [blk.attn.q_proj, blk.attn.k_proj, blk.attn.v_proj, blk.attn.g_proj, blk.attn.o_proj]
+                if blk.kind == "K"
+                else [blk.attn.q_proj, blk.attn.kv_a, blk.attn.kv_b, blk.attn.o_proj]
+            )
+            for j, lin in enumerate(projs[:NUM_PROJ]):
+                _set_qw(lp.proj[j], lin)
+            if blk.kind == "K":
+                lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
+                lp.conv_w = blk.attn.conv_w.data_ptr()
+            lp.router_w = blk.moe.router.weight.data_ptr()
+            for j, ex in enumerate((blk.moe.gate, blk.moe.up, blk.moe.down)):
+                _set_qw(lp.expert[j], ex)
+            for j, ex in enumerate((blk.moe.s_gate, blk.moe.s_up, blk.moe.s_down)):
+                _set_qw(lp.shared[j], ex)
+        c = self._kernel.contract
+        self._scratch = torch.full((c.scratch_bytes,), 0xFF, dtype=torch.uint8, device=device)  # NaN floats
+        self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=device)
+        self._rope = rope_inv_freq(self.cfg.qk_rope, self.cfg.rope_theta, device)
+        self._ring = [torch.empty(self.cfg.hidden, dtype=torch.bfloat16, device=device) for _ in range(2)]
+        p.rope_inv_freq = self._rope.data_ptr()
+        p.scratch = self._scratch.data_ptr()
+        p.counters = self._counters.data_ptr()
+        self._params = p
+        self._launcher = CooperativeLauncher(self._kernel, p)
+
+    # ---- per step -----------------------------------------------------------------------------
+
+    def _cache_for(self, layer: int, st: dict, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Capacity buffers holding the caller's cache rows; copies only when they are not ours."""
+        c_kv, k_rope = st["c_kv"], st["k_rope"]
+        n = c_kv.shape[0]
+        if k_rope.shape[0] != n:
+            raise ValueError(f"layer {layer}: c_kv has {n} rows but k_rope has {k_rope.shape[0]}")
+        cap = self._caches.get(layer)
+        ours = (
+            cap is not None
+            and c_kv.data_ptr() == cap[0].data_ptr()
+            and k_rope.data_ptr() == cap[1].data_ptr()
+            and n < cap[0].shape[0]
+        )
+        if not ours:
+            rows = cap[0].shape[0] if cap is not None else 0
+            if n + 1 > rows:
+                rows = max(2 * rows, ((n + 1 + 4095) // 4096) * 4096)
+                cap = (
+                    torch.empty((rows, self.cfg.kv_lora), dtype=torch.bfloat16, device=device),
+                    torch.empty((rows, self.cfg.qk_rope), dtype=torch.bfloat16, device=device),
+                )
+            cap[0][:n].copy_(c_kv)
+            cap[1][:n].copy_(k_rope)
+            self._caches[layer] = cap
+        return cap[0], cap[1], n
+
+    def poison(self, state: list[dict]) -> None:
+        """Fill what the next step must write (output buffer, cache rows from ctx_len on) with NaN."""
+        if self._launcher is None:
+            self._pack(self.blocks[0].attn_norm.device)
+        self._ring[self._ring_next].fill_(float("nan"))
+        for layer in self._mla_layers:
+            ckv, krope, n = self._cache_for(layer, state[layer], self._ring[0].device)
+            ckv[n:].fill_(float("nan"))
+            krope[n:].fill_(float("nan"))
+            state[layer]["c_kv"], state[layer]["k_rope"] = ckv[:n], krope[:n]
+
+    @torch.no_grad()
+    def step(self, hidden: torch.Tensor, state: list[dict]) -> tuple[torch.Tensor, list[dict]]:
+        if self._launcher is None:
+            self._pack(hidden.device)
+        p = self._params
+        if hidden.dtype != torch.bfloat16 or hidden.numel() != self.cfg.hidden or not hidden.is_contiguous():
+            raise ValueError(f"hidden must be a contiguous bf16 vector of {self.cfg.hidden}, got {tuple(hidden.shape)}")
+        if len(state) != len(self.cfg.pattern):
+            raise ValueError(f"state has {len(state)} layers, the model has {len(self.cfg.pattern)}")
+        for i in self._kda_layers:
+            st, lp = state[i], p.layer[i]
+            lp.S = _checked(st["S"], torch.float32, i, "S").data_ptr()
+            for j, key in enumerate(("cq", "ck", "cv")):
+                lp.conv_state[j] = _checked(st[key], torch.bfloat16, i, key).data_ptr()
+        ctx = None
+        for i in self._mla_layers:
+            ckv, krope, n = self._cache_for(i, state[i], hidden.device)
+            if ctx is not None and n != ctx:
+                raise ValueError("all MLA layers must hold the same number of cached tokens")
+            ctx = n
+            p.layer[i].c_kv, p.layer[i].k_rope = ckv.data_ptr(), krope.data_ptr()
+        out = self._ring[self._ring_next]
+        self._ring_next ^= 1
+        p.hidden_in = hidden.data_ptr()
+        p.hidden_out = out.data_ptr()
+        p.ctx_len = ctx or 0
+        self._launcher.launch(torch.cuda.current_stream(hidden.device).cuda_stream)
+        for i in self._mla_layers:
+            ckv, krope = self._caches[i]
+            state[i]["c_kv"], state[i]["k_rope"] = ckv[: ctx + 1], krope[: ctx + 1]
+        return out, state
+
+
+def _set_qw(dst, mod) -> None:
+    dst.wq = mod.w_q.data_ptr()
+    dst.sc = mod.scales.data_ptr()
+    dst.zr = mod.zeros.data_ptr()
+
+
+def _checked(t: torch.Tensor, dtype: torch.dtype, layer: int, key: str) -> torch.Tensor:
+    if t.dtype != dtype or not t.is_contiguous() or not t.is_cuda:
+        raise ValueError(f"state[{layer}][{key!r}] must be a contiguous CUDA {dtype} tensor")
+    return t
+
+
+def build_megakernel(source: str, cfg, extra_defines: dict[str, str] | None = None, arch: str | None = None):
+    """Compile `source` for `cfg` (prelude + `-D` dims and knob values) and return the loaded kernel."""
+    defines = {**kernel_defines(cfg), **(extra_defines or {})}
+    if arch is None:
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}"
+    options = ("-std=c++17", f"-arch={arch}", *(f"-D{k}={v}" for k, v in defines.items()))
+    return compile_kernel(kernel_prelude(cfg) + source, ENTRY, options)

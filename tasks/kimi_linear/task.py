@@ -1,0 +1,124 @@
+"""The flagship task: one Kimi-Linear W4A16 decode step, KernelBench-Mega `02_kimi_linear_decode`."""
+
+from __future__ import annotations
+
+import torch
+
+from ..base import State, Task, sharing_weights
+from ..cuda_runtime import CompiledKernel
+from ..spec import TaskSpec, Tolerance
+from .baseline import BaselineModel
+from .bytes_model import bytes_per_step
+from .config import CONFIGS
+from .inputs import build_model, init_state, init_token
+from .megakernel import MegakernelModel, kernel_defines, kernel_prelude
+from .reference import ReferenceModel
+
+TIE_ULPS = 1.0
+TOLERANCE_NOTE = (
+    "Relative-L2 bounds sit about 3x above the optimized-PyTorch baseline's own one-step error "
+    "against the fp32 reference (H200: ~0.015 output, ~0.004 S, ~0.010 conv window, ~0.014 appended "
+    "cache row; re-measure with `python -m tasks.kimi_linear.calibrate`). Layer-0 states see no MoE "
+    "before them: 0.015 (S), 0.03 (conv). Later tensors and the output: 0.05. When the reference's "
+    "top-k margin at some layer is within one bf16 ulp, a different but equally valid expert set is "
+    "possible (the logit may round either way), so tensors after that layer get 'after_tie' (0.35). "
+    "The cosine gate (0.98, upstream's) applies to every tensor."
+)
+
+CONTEXTS = {"full": [2048, 8192, 16384], "small": [64, 300]}
+CHECK_CONTEXTS = {"full": [1, 3001, 16384], "small": [1, 37, 300]}
+
+
+class KimiTask(Task):
+    def __init__(self, size: str = "full"):
+        if size not in CONFIGS:
+            raise ValueError(f"unknown size {size!r}; choose from {sorted(CONFIGS)}")
+        self.cfg = CONFIGS[size]
+        ctxs = CONTEXTS[size]
+        self.spec = TaskSpec(
+            name="kimi_linear",
+            size=size,
+            description=(
+                "Batch-1 decode of a Kimi-Linear W4A16 hybrid block (pattern "
+                f"{','.join(self.cfg.pattern)}: KDA gated delta rule + MLA latent attention, each "
+                f"followed by a {self.cfg.n_experts}-expert top-{self.cfg.n_active} MoE) in one "
+                "cooperative kernel launch per token."
+            ),
+            dims=self.cfg.model_dump(exclude={"pattern"}) | {"pattern": ",".join(self.cfg.pattern)},
+            seed_kernel="kernels/kimi_linear/seed.cu",
+            entry="kimi_decode_step",
+            context_lengths=ctxs,
+            check_context_lengths=CHECK_CONTEXTS[size],
+            fixed_seeds=[0],
+            tolerances={
+                "out": Tolerance(rel_l2_max=0.05),
+                "S_first": Tolerance(rel_l2_max=0.015),
+                "conv_first": Tolerance(rel_l2_max=0.03),
+                "later": Tolerance(rel_l2_max=0.05),
+                "after_tie": Tolerance(rel_l2_max=0.35),
+            },
+            tolerance_note=TOLERANCE_NOTE,
+            bytes_per_step={c: bytes_per_step(self.cfg, c) for c in ctxs},
+        )
+
+    def defines(self) -> dict[str, str]:
+        return kernel_defines(self.cfg)
+
+    def prelude(self) -> str:
+        return kernel_prelude(self.cfg)
+
+    def build_reference(self, device, weight_seed: int):
+        return build_model(ReferenceModel, self.cfg, seed=weight_seed, device=device)
+
+    def build_baseline(self, reference):
+        return sharing_weights(BaselineModel, self.cfg, reference)
+
+    def build_candidate(self, reference, kernel: CompiledKernel):
+        return sharing_weights(MegakernelModel, self.cfg, reference).attach(kernel)
+
+    def make_inputs(self, seed: int, ctx: int, device):
+        return init_token(self.cfg, seed, device), init_state(self.cfg, ctx, seed, device)
+
+    def observables(self, hidden: torch.Tensor, state: State, ctx: int) -> dict[str, torch.Tensor]:
+        obs = {"out": hidden}
+        for i, (kind, st) in enumerate(zip(self.cfg.pattern, state, strict=True)):
+            if kind == "K":
+                for key in ("S", "cq", "ck", "cv"):
+                    obs[f"L{i}.{key}"] = st[key]
+            else:
+                for key in ("c_kv", "k_rope"):
+                    rows = st[key]
+                    if rows.shape[0] != ctx + 1:
+                        raise ValueError(f"L{i}.{key} has {rows.shape[0]} rows after the step, expected {ctx + 1}")
+                    obs[f"L{i}.{key}_row"] = rows[ctx]
+        return obs
+
+    def untouched(self, state_before: State, state_after: State, ctx: int) -> dict[str, bool]:
+        out = {}
+        for i, kind in enumerate(self.cfg.pattern):
+            if kind == "M":
+                for key in ("c_kv", "k_rope"):
+                    same = torch.equal(state_before[i][key][:ctx], state_after[i][key][:ctx])
+                    out[f"L{i}.{key}[:ctx]"] = bool(same)
+        return out
+
+    def tensor_class(self, name: str, reference=None) -> str:
+        layer = len(self.cfg.pattern) if name == "out" else int(name[1 : name.index(".")])
+        margins = getattr(reference, "routing_margins", [])
+        tie = next((i for i, m in enumerate(margins) if m <= TIE_ULPS), None)
+        if tie is not None and layer > tie:
+            return "after_tie"
+        if name == "out":
+            return "out"
+        if name == "L0.S":
+            return "S_first"
+        if name in ("L0.cq", "L0.ck", "L0.cv"):
+            return "conv_first"
+        return "later"
+
+    def rewind(self, state: State, ctx: int) -> State:
+        for kind, st in zip(self.cfg.pattern, state, strict=True):
+            if kind == "M":
+                st["c_kv"], st["k_rope"] = st["c_kv"][:ctx], st["k_rope"][:ctx]
+        return state
+

@@ -1,0 +1,72 @@
+"""Host binding: the ABI struct and a model whose step is one cooperative launch."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..abi_gen import c_struct, py_struct
+from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher
+from .model import GemvBlock, GemvConfig
+
+ENTRY = "gemv_step"
+FIELDS = [
+    ("x", "const bf16*", 1),
+    ("norm_w", "const bf16*", 1),
+    ("wq", "const unsigned char*", 1),
+    ("sc", "const bf16*", 1),
+    ("zr", "const bf16*", 1),
+    ("out", "bf16*", 1),
+    ("scratch", "unsigned char*", 1),
+    ("counters", "unsigned int*", 1),
+]
+GemvParams = py_struct("GemvParams", FIELDS)
+
+
+def defines(cfg: GemvConfig) -> dict[str, str]:
+    return {"HIDDEN": str(cfg.hidden), "QGROUP": str(cfg.group), "RMS_EPS": "1e-06f"}
+
+
+def prelude() -> str:
+    return "\n".join([
+        "#include <cuda_bf16.h>",
+        "typedef __nv_bfloat16 bf16;",
+        c_struct("GemvParams", FIELDS),
+        'extern "C" __device__ unsigned long long gemv_abi_size = sizeof(GemvParams);',
+        LAUNCH_CONTRACT_MACRO,
+    ])
+
+
+class GemvKernelModel(GemvBlock):
+    """`step(hidden, []) -> (hidden, [])` with one launch; outputs alternate between two buffers."""
+
+    def attach(self, kernel: CompiledKernel) -> GemvKernelModel:
+        if kernel.read_u64("gemv_abi_size") != ctypes.sizeof(GemvParams):
+            raise RuntimeError("kernel GemvParams size differs from the host's")
+        dev = self.norm.device
+        c = kernel.contract
+        self._scratch = torch.full((max(c.scratch_bytes, 4),), 0xFF, dtype=torch.uint8, device=dev)
+        self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=dev)
+        self._ring = [torch.empty(self.cfg.hidden, dtype=torch.bfloat16, device=dev) for _ in range(2)]
+        self._next = 0
+        p = GemvParams()
+        p.norm_w, p.wq = self.norm.data_ptr(), self.proj.w_q.data_ptr()
+        p.sc, p.zr = self.proj.scales.data_ptr(), self.proj.zeros.data_ptr()
+        p.scratch, p.counters = self._scratch.data_ptr(), self._counters.data_ptr()
+        self._params = p
+        self._launcher = CooperativeLauncher(kernel, p)
+        return self
+
+    def poison(self, state: list) -> None:
+        self._ring[self._next].fill_(float("nan"))
+
+    @torch.no_grad()
+    def step(self, hidden: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        if hidden.dtype != torch.bfloat16 or hidden.numel() != self.cfg.hidden or not hidden.is_contiguous():
+            raise ValueError(f"hidden must be a contiguous bf16 vector of {self.cfg.hidden}")
+        out = self._ring[self._next]
+        self._next ^= 1
+        self._params.x, self._params.out = hidden.data_ptr(), out.data_ptr()
+        self._launcher.launch(torch.cuda.current_stream(hidden.device).cuda_stream)
+        return out, state

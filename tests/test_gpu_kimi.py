@@ -1,0 +1,118 @@
+"""GPU: the Kimi task — baseline vs reference at full size, the seed megakernel through the full sandbox
+protocol (small and full), the host binding's state handling, and a kernel correct only for some contexts."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sandbox.candidate import Candidate
+from sandbox.pool import Evaluator
+from tasks.kimi_linear.baseline import BaselineModel
+from tasks.kimi_linear.config import FULL, SMALL
+from tasks.kimi_linear.inputs import build_model, clone_state, init_state, init_token
+from tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel
+from tasks.kimi_linear.reference import ReferenceModel
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+SEED = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
+DEV = torch.device("cuda:0")
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def cos(a, b):
+    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
+def test_full_size_baseline_matches_reference():
+    ref = build_model(ReferenceModel, FULL, seed=0, device=DEV)
+    base = BaselineModel(FULL).to(DEV)
+    base.load_state_dict(ref.state_dict(), strict=True)
+    for seed, ctx in ((0, 2048), (1, 3001)):
+        h, st = init_token(FULL, seed, DEV), init_state(FULL, ctx, seed, DEV)
+        o_r, s_r = ref.step(h.clone(), clone_state(st))
+        o_b, s_b = base.step(h.clone(), clone_state(st))
+        assert cos(o_b, o_r) > 0.99 and rel(o_b, o_r) < 0.15
+        assert rel(s_b[0]["S"], s_r[0]["S"]) < 0.015
+        assert cos(s_b[3]["c_kv"][ctx], s_r[3]["c_kv"][ctx]) > 0.98
+
+
+@pytest.mark.parametrize("size", ["small", "full"])
+def test_seed_megakernel_passes_the_full_protocol(size, tmp_path):
+    with Evaluator("kimi_linear", size, work_dir=tmp_path) as ev:
+        res = ev.evaluate(Candidate(source=SEED), time=False)
+    assert res.ok, res.failure
+    kinds = {c.kind for c in res.check.cases}
+    assert kinds == {"step", "repeat", "continuation", "swap"}
+    names = {t.name for c in res.check.cases for t in c.tensors}
+    assert {"out", "L0.S", "L2.cv", "L3.c_kv_row", "L3.k_rope_row"} <= names
+    assert res.launches.kernels == 1
+
+
+def test_kernel_correct_only_for_multiples_of_64_is_caught(tmp_path):
+    old = "const int tokens = cx.ctx_len + 1;"
+    assert SEED.count(old) == 1
+    bad = SEED.replace(old, "const int tokens = ((cx.ctx_len + 1) & ~63) ? ((cx.ctx_len + 1) & ~63) : 64;")
+    with Evaluator("kimi_linear", "small", work_dir=tmp_path) as ev:
+        res = ev.evaluate(Candidate(source=bad), time=False)
+        assert res.failure is not None and res.failure.cls.value == "wrong"
+        assert "ctx=" in res.failure.message
+        assert ev.evaluate(Candidate(source=SEED), time=False).ok
+
+
+@pytest.fixture(scope="module")
+def small_models():
+    ref = build_model(ReferenceModel, SMALL, seed=5, device=DEV)
+    knobs = Candidate(source=SEED).resolved_knobs()
+    kernel = build_megakernel(SEED, SMALL, extra_defines={k: str(v) for k, v in knobs.items()})
+    mk = MegakernelModel(SMALL).to(DEV)
+    mk.load_state_dict(ref.state_dict(), strict=True)
+    return ref, mk.attach(kernel)
+
+
+def _step_pair(ref, mk, h, st):
+    o_r, s_r = ref.step(h.clone(), clone_state(st))
+    o_m, s_m = mk.step(h.clone(), st)
+    torch.cuda.synchronize()
+    return o_r, s_r, o_m.clone(), s_m
+
+
+def test_binding_updates_in_place_and_returns_cache_views(small_models):
+    ref, mk = small_models
+    ctx = 50
+    h, st = init_token(SMALL, 1, DEV), init_state(SMALL, ctx, 1, DEV)
+    s_obj = st[0]["S"]
+    o_r, s_r, o_m, s_m = _step_pair(ref, mk, h, st)
+    assert s_m[0]["S"] is s_obj                                  # KDA state updated in place
+    assert s_m[3]["c_kv"].shape[0] == ctx + 1 and s_m[3]["c_kv"]._base is not None  # a view of capacity
+    assert cos(o_m, o_r) > 0.99 and rel(s_m[0]["S"], s_r[0]["S"]) < 0.015
+
+
+def test_binding_honours_new_and_externally_modified_state(small_models):
+    ref, mk = small_models
+    ctx = 33
+    h, st = init_token(SMALL, 2, DEV), init_state(SMALL, ctx, 2, DEV)
+    _, _, o1, st = _step_pair(ref, mk, h, st)
+    # external edit of the returned state (same tensors) and a wholly new state next: both must be seen
+    st[0]["S"].mul_(0.5)
+    st[3]["c_kv"][3].zero_()
+    o_r, s_r, o_m, s_m = _step_pair(ref, mk, o1, st)
+    assert cos(o_m, o_r) > 0.99 and rel(s_m[0]["S"], s_r[0]["S"]) < 0.015
+    h2, st2 = init_token(SMALL, 9, DEV), init_state(SMALL, 7, 9, DEV)
+    o_r, s_r, o_m, s_m = _step_pair(ref, mk, h2, st2)
+    assert cos(o_m, o_r) > 0.99 and s_m[3]["c_kv"].shape[0] == 8
+
+
+def test_binding_grows_the_cache_past_its_capacity(small_models):
+    ref, mk = small_models
+    h, st = init_token(SMALL, 3, DEV), init_state(SMALL, 4094, 3, DEV)
+    for _ in range(4):   # crosses the 4096-row capacity
+        o_r, s_r, h, st = _step_pair(ref, mk, h, st)
+        assert cos(h, o_r) > 0.99
+    assert st[3]["c_kv"].shape[0] == 4098
+

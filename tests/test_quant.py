@@ -1,0 +1,37 @@
+import torch
+
+from tasks.kimi_linear.quant import dequantize, dequantize_experts, pack_int4, quantize, unpack_int4
+
+
+def test_pack_unpack_round_trip_and_nibble_order():
+    q = torch.randint(0, 16, (256, 48), dtype=torch.uint8)
+    packed = pack_int4(q)
+    assert packed.shape == (128, 48)
+    assert torch.equal(unpack_int4(packed), q)
+    # even k in the low nibble, odd k in the high nibble (upstream layout)
+    assert torch.equal(packed[5] & 0xF, q[10])
+    assert torch.equal(packed[5] >> 4, q[11])
+
+
+def test_quantize_dequant_error_is_within_half_a_step():
+    w = torch.randn(512, 64) * 0.02
+    wq, s, z = quantize(w, 128)
+    assert wq.dtype == torch.uint8 and s.dtype == torch.bfloat16 and z.dtype == torch.bfloat16
+    assert s.shape == (4, 64) and z.shape == (4, 64)
+    assert torch.all((z >= 0) & (z <= 15)) and torch.equal(z, z.round())
+    deq = dequantize(wq, s, z, 128).float()
+    step = s.float().repeat_interleave(128, 0)
+    # half a quantization step, plus the rounding of s (bf16) times |q - z| <= 15, plus bf16 output rounding
+    bound = 0.5 * step + 15 * step * 2**-8 + deq.abs() * 2**-8
+    assert torch.all((deq - w).abs() <= bound + 1e-7)
+    assert (deq - w).pow(2).mean().sqrt() < 0.35 * step.mean()
+
+
+def test_expert_batch_dequant_matches_single():
+    e, k, n = 3, 256, 32
+    wq = torch.randint(0, 256, (e, k // 2, n), dtype=torch.uint8)
+    s = torch.rand(e, k // 128, n).to(torch.bfloat16)
+    z = torch.randint(0, 16, (e, k // 128, n)).to(torch.bfloat16)
+    batch = dequantize_experts(wq, s, z, 128)
+    for i in range(e):
+        assert torch.equal(batch[i], dequantize(wq[i], s[i], z[i], 128))

@@ -1,0 +1,101 @@
+"""Sandbox behaviour that needs no GPU: knobs, includes, keys, result schemas, the timeout/kill path."""
+
+import os
+import time
+
+import pytest
+
+from sandbox.candidate import Candidate, CandidateError, check_includes, parse_knobs, resolve_knobs
+from sandbox.pool import Evaluator
+from sandbox.protocol import PhaseTimeouts
+from traces.results import EvalResult, FailureClass
+
+SRC = """// @knob THREADS 256 {128,256,512}
+// @knob SPLIT 2 {1,2,4}
+#include <cuda_bf16.h>
+#include <cooperative_groups.h>
+"""
+
+
+def test_knobs_parse_resolve_and_reject():
+    knobs = parse_knobs(SRC)
+    assert [(k.name, k.default, k.values) for k in knobs] == [
+        ("THREADS", 256, (128, 256, 512)),
+        ("SPLIT", 2, (1, 2, 4)),
+    ]
+    assert resolve_knobs(knobs, {"SPLIT": 4}) == {"THREADS": 256, "SPLIT": 4}
+    with pytest.raises(CandidateError, match="not one of"):
+        resolve_knobs(knobs, {"SPLIT": 3})
+    with pytest.raises(CandidateError, match="unknown knob"):
+        resolve_knobs(knobs, {"NOPE": 1})
+    with pytest.raises(CandidateError, match="default 5"):
+        parse_knobs("// @knob A 5 {1,2}\n")
+    with pytest.raises(CandidateError, match="declared twice"):
+        parse_knobs("// @knob A 1 {1,2}\n// @knob A 2 {1,2}\n")
+    with pytest.raises(CandidateError, match="malformed"):
+        parse_knobs("// @knob A one {1,2}\n")
+
+
+def test_include_allow_list():
+    check_includes(SRC)
+    with pytest.raises(CandidateError, match="line 1.*stdio.h.*allow-list"):
+        check_includes("#include <stdio.h>\n")
+    with pytest.raises(CandidateError, match="refused"):
+        check_includes('#include "../../etc/passwd"\n')
+
+
+def test_build_key_depends_on_source_knobs_and_options():
+    a = Candidate(source=SRC)
+    assert a.key("x") == Candidate(source=SRC, knobs={"THREADS": 256}).key("x")  # defaults are explicit
+    assert a.key("x") != Candidate(source=SRC, knobs={"THREADS": 512}).key("x")
+    assert a.key("x") != a.key("y")
+    assert a.key("x") != Candidate(source=SRC + "\n").key("x")
+
+
+def test_eval_result_round_trips_through_json():
+    res = EvalResult(task="t", size="s", key="k", knobs={"A": 1})
+    assert EvalResult.model_validate_json(res.model_dump_json()) == res
+    assert res.ok
+
+
+@pytest.fixture
+def fake_pool(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_WORKER_PIDFILE", str(tmp_path / "child.pid"))
+    pool = Evaluator(
+        "fake",
+        work_dir=tmp_path,
+        worker_module="tests.fake_worker",
+        timeouts=PhaseTimeouts(startup=30, build=10, check=2, time=10),
+    )
+    yield pool
+    pool.close()
+
+
+def test_hang_is_killed_with_its_process_group_and_the_next_candidate_runs(fake_pool, tmp_path):
+    t0 = time.monotonic()
+    res = fake_pool.evaluate(Candidate(source="HANG_CHECK"))
+    assert res.failure.cls == FailureClass.timeout and res.failure.phase == "check"
+    assert time.monotonic() - t0 < 30
+    child = int((tmp_path / "child.pid").read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("grandchild of the hung worker survived the kill")
+    assert fake_pool.evaluate(Candidate(source="fine")).ok
+
+
+def test_dead_worker_is_a_crash_and_is_replaced(fake_pool):
+    res = fake_pool.evaluate(Candidate(source="DIE"))
+    assert res.failure.cls == FailureClass.crash and res.failure.phase == "build"
+    assert fake_pool.evaluate(Candidate(source="fine")).ok
+
+
+def test_no_gpu_is_an_infra_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_WORKER_NO_GPU", "1")
+    with Evaluator("fake", work_dir=tmp_path, worker_module="tests.fake_worker") as pool:
+        res = pool.evaluate(Candidate(source="fine"))
+    assert res.failure.cls == FailureClass.infra and "no CUDA GPU" in res.failure.message

@@ -1,0 +1,1 @@
+"""Trace schema, recorder, loader, replay, compare and reports."""

@@ -1,0 +1,136 @@
+"""Typed results of building, checking and timing a candidate (what the sandbox returns and traces keep)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+
+class FailureClass(str, Enum):
+    build = "build"      # compile error, refused source, bad knobs, launch that cannot co-reside
+    timeout = "timeout"  # a phase outlived its limit (hang, deadlocked barrier): the worker was killed
+    crash = "crash"      # CUDA error (illegal address...) or the worker died
+    wrong = "wrong"      # ran, but a check failed (values, NaN, unwritten output, race, more launches)
+    slower = "slower"    # correct but not faster than the best beyond noise (set by the session)
+    infra = "infra"      # our side broke (no GPU, worker start failed, bad request)
+
+
+class Failure(BaseModel):
+    cls: FailureClass
+    phase: str
+    message: str
+    retryable: bool = False
+
+
+class Resources(BaseModel):
+    registers: int
+    local_bytes: int = Field(description="per-thread local memory: stack frame plus spills")
+    static_smem: int
+    dynamic_smem: int
+    max_threads: int
+    threads: int
+    blocks_per_sm: int
+    blocks_fit_per_sm: int = Field(description="co-resident blocks per SM by the occupancy API")
+    grid: int
+
+
+class BuildResult(BaseModel):
+    ok: bool
+    key: str
+    knobs: dict[str, int] = {}
+    log: str = ""
+    seconds: float = 0.0
+    cached: bool = False
+    resources: Resources | None = None
+    error: str = ""
+
+
+class TensorCheck(BaseModel):
+    name: str
+    tensor_class: str
+    cos: float
+    rel_l2: float
+    finite: bool
+    cos_min: float
+    rel_l2_max: float
+    passed: bool
+
+
+class CheckCase(BaseModel):
+    kind: str = Field(description="step | repeat | continuation | swap")
+    seed: int
+    ctx: int
+    step: int = 0
+    tensors: list[TensorCheck] = []
+    untouched: dict[str, bool] = {}
+    passed: bool
+    message: str = ""
+
+
+class CheckResult(BaseModel):
+    passed: bool
+    seeds: list[int]
+    fresh_seeds: list[int]
+    cases: list[CheckCase] = []
+    first_failure: str = ""
+    seconds: float = 0.0
+
+
+class TimingResult(BaseModel):
+    ctx: int
+    steps_per_sample: int
+    samples_us: list[float] = Field(description="µs per step, one value per sample")
+    median_us: float
+    spread: float = Field(description="(p90 - p10) / median of the samples")
+    tok_s: float
+    bytes_per_step: int
+    achieved_tbs: float
+    roofline: float = Field(description="bytes_per_step / time / measured copy bandwidth")
+    host_us: float = Field(description="host time per step() call, measured without synchronizing")
+    baseline_median_us: float | None = None
+    baseline_samples_us: list[float] = []
+    speedup: float | None = None
+
+
+class LaunchCount(BaseModel):
+    kernels: int
+    names: list[str] = []
+    memcpys: int = 0
+
+
+class DeviceInfo(BaseModel):
+    name: str
+    sms: int
+    memory_gb: float
+    l2_mb: float
+    copy_tbs: float = Field(description="measured device-to-device copy bandwidth, read + write bytes")
+    driver: str
+    cuda: str
+    torch: str
+    cupy: str
+    capability: str
+
+
+class EvalResult(BaseModel):
+    """Everything one evaluation produced; `failure` is None only when build, checks and timing all passed."""
+
+    task: str
+    size: str
+    key: str
+    knobs: dict[str, int] = {}
+    build: BuildResult | None = None
+    check: CheckResult | None = None
+    timings: list[TimingResult] = []
+    launches: LaunchCount | None = None
+    failure: Failure | None = None
+    phase_seconds: dict[str, float] = {}
+    device: DeviceInfo | None = None
+    worker_pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def median_us(self, ctx: int) -> float | None:
+        return next((t.median_us for t in self.timings if t.ctx == ctx), None)
