@@ -8,7 +8,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-KNOB_RE = re.compile(r"^\s*//\s*@knob\s+(\w+)\s+(-?\d+)\s+\{([^}]*)\}\s*$", re.MULTILINE)
+KNOB_RE = re.compile(r"^\s*//\s*@knob\s+(\w+)\s+(-?\d+)\s+\{([^}]*)\}[ \t]*(.*)$", re.MULTILINE)
 KNOB_LOOSE_RE = re.compile(r"^\s*//\s*@knob\b.*$", re.MULTILINE)
 INCLUDE_RE = re.compile(r"^\s*#\s*include\s*([<\"])([^>\"]+)[>\"]", re.MULTILINE)
 
@@ -31,6 +31,7 @@ class Knob(BaseModel):
     name: str
     default: int
     values: tuple[int, ...]
+    doc: str = ""
 
 
 class Candidate(BaseModel):
@@ -59,7 +60,7 @@ def source_sha256(text: str) -> str:
 
 
 def parse_knobs(source: str) -> list[Knob]:
-    """`// @knob NAME DEFAULT {v1,v2,...}` lines, in order; malformed or duplicate ones are errors."""
+    """`// @knob NAME DEFAULT {v1,v2,...} [what it does]` lines, in order; malformed or duplicates are errors."""
     knobs: dict[str, Knob] = {}
     well_formed = {m.start() for m in KNOB_RE.finditer(source)}
     for m in KNOB_LOOSE_RE.finditer(source):
@@ -76,7 +77,7 @@ def parse_knobs(source: str) -> list[Knob]:
             raise CandidateError(f"knob {name} is declared twice")
         if default not in values:
             raise CandidateError(f"knob {name}: default {default} is not one of {values}")
-        knobs[name] = Knob(name=name, default=default, values=values)
+        knobs[name] = Knob(name=name, default=default, values=values, doc=m.group(4).strip())
     return list(knobs.values())
 
 
@@ -103,6 +104,19 @@ def check_includes(source: str) -> None:
         if m.group(2) not in ALLOWED_INCLUDES:
             raise CandidateError(f"line {line}: #include <{m.group(2)}> is not on the allow-list "
                                  f"({', '.join(sorted(ALLOWED_INCLUDES))})")
+
+
+def with_knob_defaults(source: str, knobs: dict[str, int]) -> str:
+    """The source with each knob's declared default set to `knobs` (a standalone file of that version)."""
+    resolve_knobs(parse_knobs(source), knobs)
+
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in knobs:
+            return m.group(0)
+        i, j = m.start(2) - m.start(0), m.end(2) - m.start(0)
+        return m.group(0)[:i] + str(knobs[m.group(1)]) + m.group(0)[j:]
+
+    return KNOB_RE.sub(sub, source)
 
 
 def validate(candidate: Candidate) -> dict[str, int]:

@@ -142,25 +142,31 @@ class Evaluator:
 
     # ---- evaluation ----
     def evaluate(self, candidate: Candidate, timeouts: PhaseTimeouts | None = None,
-                 fresh_seeds: list[int] | None = None, **options) -> EvalResult:
-        """Build, check and time `candidate`; every outcome (hang, crash, refusal) is a classified result."""
+                 fresh_seeds: list[int] | None = None, deadline: float | None = None, **options) -> EvalResult:
+        """Build, check and time `candidate`; every outcome (hang, crash, refusal) is a classified result.
+
+        `deadline` (time.monotonic()) caps every phase: past it the worker is killed and the result is a
+        timeout, so a caller's budget holds even when a kernel hangs.
+        """
         t = timeouts or self.timeouts
+        if deadline is not None:
+            t = t.scaled_to(deadline - time.monotonic())
         req = EvalRequest(source=candidate.source, knobs=candidate.knobs,
                           fresh_seeds=self.fresh_seeds(2) if fresh_seeds is None else fresh_seeds, **options)
         base = EvalResult(task=self.task, size=self.size, key="", knobs=candidate.knobs, device=self.device)
         try:
-            self.start(t.startup)
+            self.start(t.startup if deadline is None else max(1.0, min(t.startup, deadline - time.monotonic())))
         except (WorkerStartError, NoGpuError) as e:
             base.failure = Failure(cls=FailureClass.infra, phase="startup", message=str(e), retryable=True)
             return base
         w = self._worker
         w.send({"op": "evaluate", "request": req.model_dump()})
         phase = "build"
-        deadline = time.monotonic() + t.build
+        phase_end = time.monotonic() + t.build
         limits = t.model_dump()
         while True:
             try:
-                msg = w.read(deadline)
+                msg = w.read(phase_end if deadline is None else min(phase_end, deadline))
             except EOFError:
                 self._retire()
                 base.failure = Failure(cls=FailureClass.crash, phase=phase,
@@ -168,13 +174,14 @@ class Evaluator:
                 return base
             if msg is None:
                 self._retire()
+                why = ("the caller's deadline passed" if deadline is not None and time.monotonic() >= deadline
+                       else f"{phase} exceeded {limits.get(phase, t.time):.0f} s")
                 base.failure = Failure(cls=FailureClass.timeout, phase=phase,
-                                       message=f"{phase} exceeded {limits.get(phase, t.time):.0f} s; "
-                                               "worker process group killed")
+                                       message=f"{why}; worker process group killed")
                 return base
             if msg["event"] == "phase":
                 phase = msg["phase"]
-                deadline = time.monotonic() + limits.get(phase, t.time)
+                phase_end = time.monotonic() + limits.get(phase, t.time)
             elif msg["event"] == "result":
                 res = EvalResult.model_validate(msg["result"])
                 if msg.get("retire"):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi bench calib
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi bench upstream calib
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -29,6 +29,9 @@ for step in "$@"; do
     bench)
       timeout 300 python3 run_agent.py bench --task w4a16_gemv --json > "$OUT/bench_gemv.json" 2> "$OUT/bench_gemv.err"; render "$OUT/bench_gemv.json"
       timeout 500 python3 run_agent.py bench --json > "$OUT/bench_kimi.json" 2> "$OUT/bench_kimi.err"; render "$OUT/bench_kimi.json" ;;
+    upstream)  # upstream's own check.py on an exported solution (upstream/ is fetched, ignored, never committed)
+      python3 run_agent.py export kernels/kimi_linear/seed.cu -o upstream/solution.py
+      (cd upstream && timeout 600 python3 check.py 2>&1 | tee "$OUT/upstream_check.log") ;;
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;
   esac

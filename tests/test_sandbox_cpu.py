@@ -99,3 +99,15 @@ def test_no_gpu_is_an_infra_failure(tmp_path, monkeypatch):
     with Evaluator("fake", work_dir=tmp_path, worker_module="tests.fake_worker") as pool:
         res = pool.evaluate(Candidate(source="fine"))
     assert res.failure.cls == FailureClass.infra and "no CUDA GPU" in res.failure.message
+
+
+def test_knob_docs_and_baking_chosen_values_into_the_source():
+    from sandbox.candidate import with_knob_defaults
+
+    src = "// @knob A   1 {1,2} more parallel units\n// @knob B 4 {4,8}\nint x;\n"
+    assert parse_knobs(src)[0].doc == "more parallel units"
+    baked = with_knob_defaults(src, {"A": 2})
+    assert [(k.name, k.default) for k in parse_knobs(baked)] == [("A", 2), ("B", 4)]
+    assert baked.endswith("int x;\n")
+    with pytest.raises(CandidateError):
+        with_knob_defaults(src, {"A": 3})

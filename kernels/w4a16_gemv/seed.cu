@@ -8,10 +8,10 @@
 // the tuner (the seed default uses few blocks).
 // Run: python run_agent.py bench --task w4a16_gemv
 //
-// @knob THREADS 256 {128,256,512}
-// @knob BLOCKS_PER_SM 1 {1,2,4}
-// @knob KSPLIT 2 {1,2,4,8,16,32}
-// @knob UNROLL 4 {1,2,4,8}
+// @knob THREADS 256 {128,256,512} threads per block; a tile is 4 x THREADS columns
+// @knob BLOCKS_PER_SM 1 {1,2,4} co-resident blocks per SM
+// @knob KSPLIT 2 {1,2,4,8,16,32} K slices per tile (parallel units = tiles x KSPLIT)
+// @knob UNROLL 4 {1,2,4,8} unroll of the row loop (loads in flight per thread)
 
 #include <cooperative_groups.h>
 

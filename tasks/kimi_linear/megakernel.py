@@ -61,9 +61,12 @@ def kernel_prelude(cfg) -> str:
 class MegakernelModel(KimiBlocks):
     """`step(hidden, state) -> (hidden, state)` with exactly one kernel launch."""
 
-    def __init__(self, cfg, kernel: CompiledKernel | None = None):
+    def __init__(self, cfg, kernel: CompiledKernel | None = None, source: str | None = None,
+                 knob_defines: dict[str, str] | None = None):
+        """Give a compiled `kernel`, or a `source` (plus knob values) compiled on the first step's device."""
         super().__init__(cfg)
         self._kernel = kernel
+        self._source, self._knob_defines = source, dict(knob_defines or {})
         self._launcher: CooperativeLauncher | None = None
         self._params = None
         self._ring: list[torch.Tensor] = []
@@ -84,8 +87,11 @@ class MegakernelModel(KimiBlocks):
     # ---- one-time packing -------------------------------------------------------------------
 
     def _pack(self, device: torch.device) -> None:
+        if self._kernel is None and self._source is not None:
+            with torch.cuda.device(device):
+                self._kernel = build_megakernel(self._source, self.cfg, self._knob_defines)
         if self._kernel is None:
-            raise RuntimeError("no kernel attached: call attach(compile_kernel(...)) first")
+            raise RuntimeError("no kernel attached: call attach(kernel) or construct with source=...")
         size = self._kernel.read_u64("kimi_abi_size")
         ptype = params_type(len(self.cfg.pattern))
         if size != ctypes.sizeof(ptype):

@@ -1,0 +1,100 @@
+"""Compare kernel versions: the same correctness protocol for each, then interleaved timing (A B A B ...)
+so that drift cancels, and each version's speedup over the first with a bootstrap interval."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from sandbox.candidate import Candidate
+from sandbox.pool import Evaluator
+from sandbox.report import check_summary
+from sandbox.stats import verdict
+from traces.loader import load
+
+
+@dataclass
+class Version:
+    label: str
+    candidate: Candidate
+    check: str = ""
+    ok: bool = False
+    samples: dict[int, list[float]] = field(default_factory=dict)
+
+
+def parse_version(spec: str) -> Version:
+    """`file.cu`, `file.cu:K=V,K2=V2` (a knob set of a file) or `trace.jsonl#ID`."""
+    if "#" in spec:
+        path, vid = spec.rsplit("#", 1)
+        source, knobs = load(Path(path)).version(vid)
+        return Version(spec, Candidate(source=source, knobs=knobs))
+    path, _, knob_text = spec.partition(":")
+    if not Path(path).is_file():
+        raise ValueError(f"{spec}: no such kernel file {path}")
+    knobs = {}
+    for item in filter(None, knob_text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise ValueError(f"{spec}: knob settings are NAME=INTEGER separated by commas")
+        knobs[name] = int(value)
+    return Version(spec, Candidate(source=Path(path).read_text(), knobs=knobs))
+
+
+def diff_text(a: Version, b: Version) -> str:
+    lines = list(difflib.unified_diff(a.candidate.source.splitlines(), b.candidate.source.splitlines(),
+                                      a.label, b.label, lineterm=""))
+    ka, kb = a.candidate.resolved_knobs(), b.candidate.resolved_knobs()
+    changed = {k: (ka.get(k), kb.get(k)) for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)}
+    if changed:
+        lines.append("knobs: " + ", ".join(f"{k} {x}->{y}" for k, (x, y) in changed.items()))
+    return "\n".join(lines) or "(identical source and knobs)"
+
+
+def run_compare(versions: list[Version], ev: Evaluator, rounds: int, samples: int, console: Console,
+                contexts: list[int] | None = None) -> list[dict]:
+    for v in versions:
+        res = ev.evaluate(v.candidate, time=False)
+        v.ok, v.check = res.ok, check_summary(res) if res.check else f"{res.failure.cls.value}: {res.failure.message}"
+    live = [v for v in versions if v.ok]
+    with Progress(console=console, transient=True) as bar:
+        job = bar.add_task("interleaved timing", total=rounds * len(live))
+        for _ in range(rounds):
+            for v in live:
+                res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts)
+                if not res.ok:
+                    v.ok, v.check = False, f"timing failed: {res.failure.message}"
+                for t in res.timings:
+                    v.samples.setdefault(t.ctx, []).extend(t.samples_us)
+                bar.advance(job)
+    rows = []
+    first = versions[0]
+    for v in versions:
+        for ctx, xs in sorted(v.samples.items()):
+            row = {"label": v.label, "ctx": ctx, "median_us": sorted(xs)[len(xs) // 2], "n": len(xs)}
+            if v is not first and ctx in first.samples and v.ok and first.ok:
+                word, (r, lo, hi) = verdict(first.samples[ctx], xs)
+                row |= {"ratio": r, "low": lo, "high": hi, "verdict": word}
+            rows.append(row)
+    return rows
+
+
+def print_compare(versions: list[Version], rows: list[dict], console: Console, show_diff: bool) -> None:
+    for v in versions:
+        console.print(f"[bold]{v.label}[/]: {v.check}")
+    t = Table(title=f"interleaved timing, speedup vs {versions[0].label} (95% bootstrap interval)")
+    for col in ("version", "ctx", "µs/token", "samples", "speedup", "interval", "verdict"):
+        t.add_column(col, justify="right" if col not in ("version", "verdict") else "left")
+    for r in rows:
+        t.add_row(r["label"], str(r["ctx"]), f"{r['median_us']:.1f}", str(r["n"]),
+                  f"{r['ratio']:.3f}x" if "ratio" in r else "-",
+                  f"[{r['low']:.3f}, {r['high']:.3f}]" if "ratio" in r else "-", r.get("verdict", "reference"))
+    console.print(t)
+    if show_diff:
+        for v in versions[1:]:
+            console.print(f"[bold]diff {versions[0].label} -> {v.label}[/]")
+            console.print(diff_text(versions[0], v), markup=False, highlight=False)

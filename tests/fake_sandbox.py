@@ -1,0 +1,64 @@
+"""A scripted stand-in for sandbox.pool.Evaluator: same interface, results from a Python function.
+
+Timings come from an objective over the knob values with small deterministic noise, so the loop's
+decisions are exercised as on a real GPU; 'hang' sleeps until the caller's deadline, like a killed worker.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from sandbox.candidate import Candidate
+from traces.results import BuildResult, CheckResult, EvalResult, Failure, FailureClass, Resources, TimingResult
+
+from .trace_fixtures import DEVICE
+
+CTXS = (2048, 16384)
+
+
+def timed(cand: Candidate, us: float, noise: float = 0.002, seed: int = 0) -> EvalResult:
+    rng = random.Random(hash((cand.source_sha, tuple(sorted(cand.knobs.items())), seed)))
+    timings = []
+    for i, ctx in enumerate(CTXS):
+        samples = [us * (1 + 0.05 * i) * (1 + rng.gauss(0, noise)) for _ in range(7)]
+        med = statistics.median(samples)
+        timings.append(TimingResult(ctx=ctx, steps_per_sample=20, samples_us=samples, median_us=med, spread=0.01,
+                                    tok_s=1e6 / med, bytes_per_step=250_000_000, achieved_tbs=1.0, roofline=0.25,
+                                    host_us=5.0, baseline_median_us=15000.0, baseline_samples_us=[15000.0] * 3,
+                                    speedup=15000.0 / med))
+    return EvalResult(task="kimi_linear", size="full", key=cand.key(), knobs=cand.resolved_knobs(),
+                      build=BuildResult(ok=True, key="k", resources=Resources(
+                          registers=96, local_bytes=0, static_smem=0, dynamic_smem=0, max_threads=256, threads=256,
+                          blocks_per_sm=2, blocks_fit_per_sm=2, grid=264)),
+                      check=CheckResult(passed=True, seeds=[0, 1], fresh_seeds=[1]), timings=timings,
+                      device=DEVICE, phase_seconds={"build": 1.0, "check": 2.0, "time": 1.0})
+
+
+def failed(cand: Candidate, cls: FailureClass, phase: str = "check", message: str = "scripted") -> EvalResult:
+    return EvalResult(task="kimi_linear", size="full", key=cand.key(), knobs=cand.resolved_knobs(),
+                      failure=Failure(cls=cls, phase=phase, message=message), device=DEVICE)
+
+
+class FakeSandbox:
+    def __init__(self, script: Callable[[Candidate, dict], EvalResult | str]):
+        self.script = script
+        self.device = DEVICE
+        self.calls: list[tuple[Candidate, dict]] = []
+        self.closed = False
+
+    def start(self, *_):
+        return self.device
+
+    def evaluate(self, cand: Candidate, deadline: float | None = None, **options) -> EvalResult:
+        self.calls.append((cand, options))
+        out = self.script(cand, options)
+        if out == "hang":
+            time.sleep(max(0.0, (deadline or time.monotonic()) - time.monotonic()))
+            return failed(cand, FailureClass.timeout, "check", "the caller's deadline passed; worker killed")
+        return out
+
+    def close(self):
+        self.closed = True

@@ -1,0 +1,56 @@
+"""Reports from a fixture trace, and compare's interleaving and verdicts with a scripted sandbox."""
+
+from rich.console import Console
+
+from agent.compare import Version, diff_text, print_compare, run_compare
+from sandbox.candidate import Candidate
+from traces.loader import load
+from traces.report import write_report
+from traces.results import FailureClass
+
+from .fake_sandbox import FakeSandbox, failed, timed
+from .trace_fixtures import write_session
+
+PNG = b"\x89PNG"
+
+
+def test_html_report_is_self_contained(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl"))
+    page = write_report(trace, tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3
+    assert "timeline" in page.lower() and "try {&#x27;A&#x27;: 2}" in page
+
+
+def test_markdown_report_writes_plots_beside_it(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl"))
+    md = write_report(trace, tmp_path / "report.md").read_text()
+    for name in ("progress", "speedup", "roofline"):
+        png = tmp_path / f"report-{name}.png"
+        assert png.read_bytes().startswith(PNG) and f"report-{name}.png" in md
+    assert "| 1 | p1 |" in md
+
+
+def test_compare_interleaves_and_judges(tmp_path):
+    src = "// @knob A 1 {1,2,3}\nint k;\n"
+    speed = {1: 100.0, 2: 90.0, 3: 100.0}
+
+    def script(cand, opts):
+        knobs = cand.resolved_knobs()
+        if knobs["A"] == 3 and opts.get("time") is False:
+            return failed(cand, FailureClass.wrong)
+        return timed(cand, speed[knobs["A"]], seed=len(sandbox.calls))
+
+    sandbox = FakeSandbox(script)
+    versions = [Version("a", Candidate(source=src)), Version("b", Candidate(source=src, knobs={"A": 2})),
+                Version("c", Candidate(source=src, knobs={"A": 3})), Version("a2", Candidate(source=src))]
+    console = Console(record=True, width=200)
+    rows = run_compare(versions, sandbox, rounds=3, samples=2, console=console)
+    timed_order = [c.resolved_knobs()["A"] for c, o in sandbox.calls if o.get("check") is False]
+    assert timed_order == [1, 2, 1] * 3            # A B A B ... (the wrong one is never timed)
+    verdicts = {(r["label"], r["ctx"]): r.get("verdict") for r in rows}
+    assert verdicts[("b", 2048)] == "faster" and verdicts[("a2", 2048)] == "within noise"
+    assert not versions[2].ok and "wrong" in versions[2].check
+    print_compare(versions, rows, console, show_diff=True)
+    out = console.export_text()
+    assert "knobs: A 1->2" in out and "faster" in out
+    assert diff_text(versions[0], versions[3]) == "(identical source and knobs)"

@@ -1,0 +1,137 @@
+"""Trace schema, recorder durability, loader recovery, redaction and rendering (CPU only)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from sandbox.stats import ratio_interval, verdict
+from traces.loader import TraceError, load
+from traces.recorder import Recorder, redact
+from traces.render import render, timeline
+from traces.schema import EVENT, PlannerError
+
+from .trace_fixtures import SEED_SRC, write_session
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_schema_round_trip(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl"))
+    for ev in trace.events:
+        again = EVENT.validate_json(ev.model_dump_json())
+        assert again == ev
+    assert [a.outcome for a in trace.attempts()] == ["kept", "wrong", "slower"]
+
+
+def test_sources_are_stored_once(tmp_path):
+    path = write_session(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines()
+    carrying = [ln for ln in lines if '"source":"' in ln.replace(" ", "")]
+    assert len(carrying) == 1  # the measure carries it; every proposal only references it
+    trace = load(path)
+    assert trace.version("p3") == (SEED_SRC, {"A": 2})
+
+
+def test_first_use_of_a_source_must_carry_it(tmp_path):
+    from traces.schema import Proposal
+
+    with Recorder(tmp_path / "t.jsonl") as rec, pytest.raises(ValueError, match="must carry"):
+        rec.record(Proposal(id="p", parent_id="s", planner="x", hypothesis="h", predicted_change="",
+                            source_sha="abc"))
+
+
+def test_torn_last_line_is_dropped_with_a_warning(tmp_path):
+    path = write_session(tmp_path / "t.jsonl")
+    text = path.read_text()
+    path.write_text(text + text.splitlines()[1][:50])
+    trace = load(path)
+    assert len(trace.events) == len(text.splitlines()) and "incomplete" in trace.warnings[0]
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path):
+    path = write_session(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:30]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=":3: corrupt"):
+        load(path)
+
+
+WRITER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from traces.recorder import Recorder
+from traces.schema import PlannerError
+rec = Recorder({path!r})
+i = 0
+while True:
+    rec.record(PlannerError(id=f"p{{i}}", planner="x", message="m" * 2000))
+    i += 1
+"""
+
+
+def test_kill_9_mid_stream_leaves_a_valid_prefix(tmp_path):
+    path = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER.format(root=str(ROOT), path=str(path))])
+    deadline = time.time() + 20
+    while (not path.exists() or path.stat().st_size < 200_000) and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    trace = load(path)
+    assert len(trace.events) > 50
+    assert all(isinstance(e, PlannerError) for e in trace.events)
+    assert [e.id for e in trace.events] == [f"p{i}" for i in range(len(trace.events))]
+
+
+def test_secrets_never_reach_the_file(tmp_path, monkeypatch):
+    key = "sk-ant-api03-" + "Z" * 40
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    with Recorder(tmp_path / "t.jsonl") as rec:
+        rec.record(PlannerError(id="p", planner="anthropic", message=f"401 for key {key}; header x-api-key: {key}"))
+        rec.record(PlannerError(id="q", planner="anthropic", message="Authorization: Bearer abcdefghijklmnop1234"))
+    text = (tmp_path / "t.jsonl").read_text()
+    assert key not in text and "abcdefghijklmnop1234" not in text and text.count("[REDACTED]") >= 2
+    assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_render_timeline_of_a_fixture_trace(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl"))
+    rows = timeline(trace)
+    assert [r["outcome"] for r in rows] == ["measured", "kept", "wrong", "slower"]
+    assert rows[1]["best_us"] == pytest.approx(198.0) and rows[3]["best_us"] == pytest.approx(198.0)
+    console = Console(record=True, width=200)
+    render(trace, console, this_gpu="NVIDIA A100")
+    out = console.export_text()
+    assert "timeline" in out and "kept" in out and "not comparable" in out
+
+
+def test_unfinished_session_is_reported(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl", finish=False))
+    console = Console(record=True, width=200)
+    render(trace, console)
+    assert "interrupted" in console.export_text()
+
+
+def test_compare_statistics_on_synthetic_samples():
+    import random
+
+    rng = random.Random(1)
+    a = [100 + rng.gauss(0, 0.5) for _ in range(30)]
+    faster = [90 + rng.gauss(0, 0.5) for _ in range(30)]
+    same = [100 + rng.gauss(0, 0.5) for _ in range(30)]
+    noisy = [100 + rng.gauss(0, 15) for _ in range(6)]
+    assert verdict(a, faster)[0] == "faster"
+    assert verdict(faster, a)[0] == "slower"
+    assert verdict(a, same)[0] == "within noise"
+    assert verdict(a, noisy)[0] == "within noise"
+    r, lo, hi = ratio_interval(a, faster)
+    assert lo < r < hi and lo > 1.05
+    assert json.dumps(ratio_interval(a, a, seed=3)) == json.dumps(ratio_interval(a, a, seed=3))  # deterministic

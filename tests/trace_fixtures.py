@@ -1,0 +1,79 @@
+"""Build small but complete traces from real result objects (no GPU needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandbox.candidate import source_sha256
+from traces.recorder import Recorder
+from traces.results import (
+    BuildResult,
+    CheckResult,
+    DeviceInfo,
+    EvalResult,
+    Failure,
+    FailureClass,
+    Resources,
+    TimingResult,
+)
+from traces.schema import (
+    Build,
+    Decision,
+    Environment,
+    Evaluate,
+    FailureEvent,
+    Measure,
+    Proposal,
+    SessionEnd,
+    SessionStart,
+)
+
+DEVICE = DeviceInfo(name="NVIDIA H200", sms=132, memory_gb=139.8, l2_mb=60.0, copy_tbs=4.26, driver="13.0",
+                    cuda="13.0", torch="2.11.0", cupy="14.2.0", capability="9.0")
+SEED_SRC = "// @knob A 1 {1,2}\n// seed kernel\n"
+
+
+def timing(ctx: int, us: float, base: float = 15000.0) -> TimingResult:
+    samples = [us * f for f in (0.99, 1.0, 1.01, 1.0, 0.995)]
+    return TimingResult(ctx=ctx, steps_per_sample=20, samples_us=samples, median_us=us, spread=0.02,
+                        tok_s=1e6 / us, bytes_per_step=250_000_000, achieved_tbs=250e6 / (us * 1e-6) / 1e12,
+                        roofline=0.3, host_us=6.0, baseline_median_us=base, baseline_samples_us=[base] * 3,
+                        speedup=base / us)
+
+
+def result(us: float | None, failure: Failure | None = None, knobs: dict | None = None) -> EvalResult:
+    res = Resources(registers=128, local_bytes=0, static_smem=0, dynamic_smem=57568, max_threads=256, threads=256,
+                    blocks_per_sm=2, blocks_fit_per_sm=2, grid=264)
+    return EvalResult(
+        task="kimi_linear", size="full", key="k", knobs=knobs or {"A": 1},
+        build=BuildResult(ok=True, key="k", resources=res, seconds=10.0),
+        check=CheckResult(passed=failure is None, seeds=[0, 5], fresh_seeds=[5]),
+        timings=[timing(2048, us), timing(16384, us * 1.1)] if us else [], failure=failure, device=DEVICE,
+    )
+
+
+def write_session(path: Path, finish: bool = True) -> Path:
+    env = Environment(device=DEVICE, python="3.12", platform="linux", project_commit="abc123")
+    with Recorder(path) as rec:
+        rec.record(SessionStart(session_id="s1", task="kimi_linear", size="full",
+                                task_spec={"context_lengths": [2048, 16384]}, planner="tuner", budget_s=600,
+                                environment=env))
+        rec.record(Measure(id="seed", source_sha=source_sha256(SEED_SRC), source=SEED_SRC, result=result(200.0)))
+        steps = [("p1", {"A": 2}, 180.0, None, True), ("p2", {"A": 1}, None, FailureClass.wrong, False),
+                 ("p3", {"A": 2}, 181.0, FailureClass.slower, False)]
+        best = "seed"
+        for pid, knobs, us, fcls, kept in steps:
+            rec.record(Proposal(id=pid, parent_id=best, planner="tuner", hypothesis=f"try {knobs}",
+                                predicted_change="-5%", source_sha=source_sha256(SEED_SRC), source=SEED_SRC,
+                                knobs=knobs))
+            r = result(us, Failure(cls=fcls, phase="check", message="x") if fcls == FailureClass.wrong else None,
+                       knobs)
+            rec.record(Build(id=pid, result=r.build))
+            rec.record(Evaluate(id=pid, result=r))
+            if fcls is not None:
+                rec.record(FailureEvent(id=pid, failure=Failure(cls=fcls, phase="check", message="x")))
+            best = pid if kept else best
+            rec.record(Decision(id=pid, kept=kept, rule="ratio interval > 1.01", reason="r", best_id=best))
+        if finish:
+            rec.record(SessionEnd(best_id=best, reason="budget", summary={"line": "1 kept"}))
+    return path

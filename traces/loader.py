@@ -1,0 +1,101 @@
+"""Read a trace back: every complete event, the sources by hash, and what was wrong with the file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .schema import EVENT, SCHEMA_VERSION, Build, Decision, Evaluate, FailureEvent, Measure, Proposal, SessionStart
+
+
+class TraceError(ValueError):
+    """The trace cannot be trusted past a point (a corrupt line that is not the last one)."""
+
+
+@dataclass
+class Attempt:
+    """One proposal and what became of it."""
+
+    proposal: Proposal
+    build: Build | None = None
+    evaluate: Evaluate | None = None
+    decision: Decision | None = None
+    failure: FailureEvent | None = None
+
+    @property
+    def outcome(self) -> str:
+        if self.decision is not None and self.decision.kept:
+            return "kept"
+        if self.failure is not None:
+            return self.failure.failure.cls.value
+        if self.decision is not None:
+            return "reverted"
+        return "unfinished"
+
+
+@dataclass
+class Trace:
+    path: Path
+    events: list = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def start(self) -> SessionStart:
+        first = self.events[0] if self.events else None
+        if not isinstance(first, SessionStart):
+            raise TraceError(f"{self.path}: the first event is not a session_start")
+        return first
+
+    @property
+    def measure(self) -> Measure | None:
+        return next((e for e in self.events if isinstance(e, Measure)), None)
+
+    def attempts(self) -> list[Attempt]:
+        by_id: dict[str, Attempt] = {}
+        for e in self.events:
+            if isinstance(e, Proposal):
+                by_id[e.id] = Attempt(e)
+            elif isinstance(e, (Build, Evaluate, Decision, FailureEvent)) and e.id in by_id:
+                slot = {Build: "build", Evaluate: "evaluate", Decision: "decision", FailureEvent: "failure"}[type(e)]
+                setattr(by_id[e.id], slot, e)
+        return list(by_id.values())
+
+    def source_of(self, sha: str) -> str:
+        if sha not in self.sources:
+            raise TraceError(f"{self.path}: source {sha[:12]} is referenced but never stored")
+        return self.sources[sha]
+
+    def version(self, vid: str) -> tuple[str, dict[str, int]]:
+        """(source, knobs) of the measure or proposal with id `vid`."""
+        for e in self.events:
+            if isinstance(e, (Measure, Proposal)) and e.id == vid:
+                return self.source_of(e.source_sha), dict(e.knobs)
+        raise TraceError(f"{self.path}: no version with id {vid!r}")
+
+
+def load(path: Path) -> Trace:
+    """Parse every line; a torn last line (killed writer) is dropped with a warning."""
+    path = Path(path)
+    trace = Trace(path)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for n, line in enumerate(lines, 1):
+        try:
+            raw = json.loads(line)
+            if raw.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
+                raise TraceError(f"{path}:{n}: schema_version {raw['schema_version']} is newer than this reader")
+            event = EVENT.validate_python(raw)
+        except (json.JSONDecodeError, ValidationError) as e:
+            if n == len(lines):
+                trace.warnings.append(f"line {n} is incomplete (the writer was interrupted); ignored")
+                break
+            raise TraceError(f"{path}:{n}: corrupt event: {e}") from e
+        if isinstance(event, (Measure, Proposal)) and event.source is not None:
+            trace.sources[event.source_sha] = event.source
+        trace.events.append(event)
+    return trace

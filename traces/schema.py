@@ -1,0 +1,142 @@
+"""Trace events: one JSON object per line, discriminated by `type`, versioned by `schema_version`.
+
+A trace is self-contained: the first event records the task and the environment; a kernel source is
+stored once, carried by the first proposal (or measure) that uses it and referenced by sha256 after.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+from .results import BuildResult, DeviceInfo, EvalResult, Failure
+
+SCHEMA_VERSION = 1
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class _Event(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    at: str = Field(default_factory=now)
+
+
+class Environment(BaseModel):
+    """Where the session ran (no hostname): GPU facts plus software and project versions."""
+
+    device: DeviceInfo | None = None
+    python: str
+    platform: str
+    project_commit: str
+    packages: dict[str, str] = {}
+
+
+class LlmUsage(BaseModel):
+    model: str
+    calls: int = 1
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    retries: int = 0
+    cost_usd: float = 0.0
+
+
+class SessionStart(_Event):
+    type: Literal["session_start"] = "session_start"
+    session_id: str
+    task: str
+    size: str
+    task_spec: dict
+    planner: str
+    planner_settings: dict = {}
+    budget_s: float
+    environment: Environment
+    resumed_from: str | None = None
+
+
+class Measure(_Event):
+    """The starting kernel, built, checked and timed with the baseline, before any proposal."""
+
+    type: Literal["measure"] = "measure"
+    id: str
+    source_sha: str
+    source: str | None = None
+    knobs: dict[str, int] = {}
+    result: EvalResult
+
+
+class Proposal(_Event):
+    type: Literal["proposal"] = "proposal"
+    id: str
+    parent_id: str
+    planner: str
+    hypothesis: str
+    predicted_change: str
+    source_sha: str
+    source: str | None = Field(None, description="present only on the first use of this source")
+    knobs: dict[str, int] = {}
+    llm: LlmUsage | None = None
+
+
+class Build(_Event):
+    type: Literal["build"] = "build"
+    id: str
+    result: BuildResult
+
+
+class Evaluate(_Event):
+    """Checks, timings and launches of a proposal (its build is in the preceding Build event)."""
+
+    type: Literal["evaluate"] = "evaluate"
+    id: str
+    result: EvalResult
+
+
+class Decision(_Event):
+    type: Literal["decision"] = "decision"
+    id: str
+    kept: bool
+    rule: str
+    reason: str
+    ratio: float | None = Field(None, description="median time of the best / median time of this candidate")
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    prediction: str = ""
+    outcome: str = ""
+    best_id: str
+
+
+class FailureEvent(_Event):
+    type: Literal["failure"] = "failure"
+    id: str
+    failure: Failure
+
+
+class PlannerError(_Event):
+    """The planner could not produce a usable proposal (bad edit, no tool call, API error, cost cap)."""
+
+    type: Literal["planner_error"] = "planner_error"
+    id: str
+    planner: str
+    message: str
+    retryable: bool = True
+    llm: LlmUsage | None = None
+
+
+class SessionEnd(_Event):
+    type: Literal["session_end"] = "session_end"
+    best_id: str
+    reason: str
+    summary: dict = {}
+
+
+Event = Annotated[
+    SessionStart | Measure | Proposal | Build | Evaluate | Decision | FailureEvent | PlannerError | SessionEnd,
+    Field(discriminator="type"),
+]
+EVENT = TypeAdapter(Event)
