@@ -168,12 +168,19 @@ class CooperativeLauncher:
         self.grid = drv.sm_count() * c.blocks_per_sm
         self._args = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(params), ctypes.c_void_p))
         self._drv = drv
+        self._fixed = (ctypes.c_void_p(kernel.handle), self.grid, 1, 1, c.threads, 1, 1, c.dynamic_smem)
 
     def launch(self, stream: int) -> None:
-        c = self.kernel.contract
-        status = self._drv.launch(
-            ctypes.c_void_p(self.kernel.handle), self.grid, 1, 1, c.threads, 1, 1, c.dynamic_smem,
-            ctypes.c_void_p(stream), self._args,
-        )
+        """One cooperative launch on `stream` (a CUstream handle) with the struct as it stands now."""
+        status = self._drv.launch(*self._fixed, stream, self._args)
         if status:
             self._drv.check(status, "cuLaunchCooperativeKernel")
+
+
+def current_stream(device) -> int:
+    """The CUstream torch is issuing to on `device` (the cheap accessor when this torch has it)."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream

@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .loader import Trace  # noqa: E402
 from .render import primary_ctx, timeline  # noqa: E402
@@ -56,6 +57,7 @@ def plots(trace: Trace) -> dict[str, bytes]:
             ymin = min((r["us"] for r in rows if r["us"]), default=1.0)
             ax.scatter(failed, [ymin * 0.97] * len(failed), marker="x", color=COLORS.get(outcome, "gray"),
                        label=f"{outcome} (no timing)", zorder=3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("attempt")
     ax.set_ylabel(f"µs/token at ctx {ctx}")
     ax.set_title("best so far and every attempt")

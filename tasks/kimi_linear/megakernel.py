@@ -20,7 +20,7 @@ import ctypes
 
 import torch
 
-from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel
+from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, current_stream
 from .abi import ENTRY, NUM_PROJ, c_header, params_type
 from .modules import KimiBlocks, rope_inv_freq
 
@@ -192,7 +192,7 @@ class MegakernelModel(KimiBlocks):
         p.hidden_in = hidden.data_ptr()
         p.hidden_out = out.data_ptr()
         p.ctx_len = ctx or 0
-        self._launcher.launch(torch.cuda.current_stream(hidden.device).cuda_stream)
+        self._launcher.launch(current_stream(hidden.device))
         for i in self._mla_layers:
             ckv, krope = self._caches[i]
             state[i]["c_kv"], state[i]["k_rope"] = ckv[: ctx + 1], krope[: ctx + 1]

@@ -7,7 +7,7 @@ import ctypes
 import torch
 
 from ..abi_gen import c_struct, py_struct
-from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher
+from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, current_stream
 from .model import GemvBlock, GemvConfig
 
 ENTRY = "gemv_step"
@@ -68,5 +68,5 @@ class GemvKernelModel(GemvBlock):
         out = self._ring[self._next]
         self._next ^= 1
         self._params.x, self._params.out = hidden.data_ptr(), out.data_ptr()
-        self._launcher.launch(torch.cuda.current_stream(hidden.device).cuda_stream)
+        self._launcher.launch(current_stream(hidden.device))
         return out, state
