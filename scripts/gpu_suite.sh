@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi bench upstream calib
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi agent bench upstream calib session
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -32,6 +32,11 @@ for step in "$@"; do
     upstream)  # upstream's own check.py on an exported solution (upstream/ is fetched, ignored, never committed)
       python3 run_agent.py export kernels/kimi_linear/seed.cu -o upstream/solution.py
       (cd upstream && timeout 600 python3 check.py 2>&1 | tee "$OUT/upstream_check.log") ;;
+    session)  # a real tuner session on the full Kimi task; its trace and report come back under $OUT/session
+      d=runs/example-session; rm -rf "$d"
+      timeout 540 python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-6m}" --out "$d" 2>&1 | tail -30
+      mkdir -p "$OUT/session"; cp "$d"/trace.jsonl "$d"/best.cu "$d"/report.html "$d"/report.md "$d"/report-*.png "$OUT/session/" ;;
+    agent) timeout 600 python3 -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_agent.py 2>&1 | tee "$OUT/gpu_agent.log" | tail -30 ;;
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;
   esac

@@ -116,3 +116,11 @@ def test_binding_grows_the_cache_past_its_capacity(small_models):
         assert cos(h, o_r) > 0.99
     assert st[3]["c_kv"].shape[0] == 4098
 
+
+
+def test_binding_rejects_a_malformed_state_with_a_clear_error(small_models):
+    _, mk = small_models
+    h, st = init_token(SMALL, 6, DEV), init_state(SMALL, 5, 6, DEV)
+    st[1]["ck"] = st[1]["ck"][:, :-8].contiguous()
+    with pytest.raises(ValueError, match=r"state\[1\]\['ck'\] must be .* shape"):
+        mk.step(h, st)

@@ -125,6 +125,8 @@ class MegakernelModel(KimiBlocks):
         p.scratch = self._scratch.data_ptr()
         p.counters = self._counters.data_ptr()
         self._params = p
+        self._layer_params = [p.layer[i] for i in range(len(self.cfg.pattern))]
+        self._validated = {}
         self._launcher = CooperativeLauncher(self._kernel, p)
 
     # ---- per step -----------------------------------------------------------------------------
@@ -155,6 +157,13 @@ class MegakernelModel(KimiBlocks):
             self._caches[layer] = cap
         return cap[0], cap[1], n
 
+    def _validate(self, t: torch.Tensor, layer: int, key: str) -> None:
+        h, dk, c = self.cfg.kda_heads, self.cfg.kda_head_dim, self.cfg.kda_heads * self.cfg.kda_head_dim
+        dtype, shape = (torch.float32, (h, dk, dk)) if key == "S" else (torch.bfloat16, (self.cfg.short_conv - 1, c))
+        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous() or not t.is_cuda:
+            raise ValueError(f"state[{layer}][{key!r}] must be a contiguous CUDA {dtype} tensor of shape {shape}, "
+                             f"got {t.dtype} {tuple(t.shape)}")
+
     def poison(self, state: list[dict]) -> None:
         """Fill what the next step must write (output buffer, cache rows from ctx_len on) with NaN."""
         if self._launcher is None:
@@ -176,17 +185,21 @@ class MegakernelModel(KimiBlocks):
         if len(state) != len(self.cfg.pattern):
             raise ValueError(f"state has {len(state)} layers, the model has {len(self.cfg.pattern)}")
         for i in self._kda_layers:
-            st, lp = state[i], p.layer[i]
-            lp.S = _checked(st["S"], torch.float32, i, "S").data_ptr()
-            for j, key in enumerate(("cq", "ck", "cv")):
-                lp.conv_state[j] = _checked(st[key], torch.bfloat16, i, key).data_ptr()
+            st, lp = state[i], self._layer_params[i]
+            for key in ("S", "cq", "ck", "cv"):
+                if self._validated.get((i, key)) is not st[key]:   # a new tensor object: check it once
+                    self._validate(st[key], i, key)
+                    self._validated[(i, key)] = st[key]
+            lp.S = st["S"].data_ptr()
+            lp.conv_state[0], lp.conv_state[1], lp.conv_state[2] = (
+                st["cq"].data_ptr(), st["ck"].data_ptr(), st["cv"].data_ptr())
         ctx = None
         for i in self._mla_layers:
             ckv, krope, n = self._cache_for(i, state[i], hidden.device)
             if ctx is not None and n != ctx:
                 raise ValueError("all MLA layers must hold the same number of cached tokens")
             ctx = n
-            p.layer[i].c_kv, p.layer[i].k_rope = ckv.data_ptr(), krope.data_ptr()
+            self._layer_params[i].c_kv, self._layer_params[i].k_rope = ckv.data_ptr(), krope.data_ptr()
         out = self._ring[self._ring_next]
         self._ring_next ^= 1
         p.hidden_in = hidden.data_ptr()
@@ -203,12 +216,6 @@ def _set_qw(dst, mod) -> None:
     dst.wq = mod.w_q.data_ptr()
     dst.sc = mod.scales.data_ptr()
     dst.zr = mod.zeros.data_ptr()
-
-
-def _checked(t: torch.Tensor, dtype: torch.dtype, layer: int, key: str) -> torch.Tensor:
-    if t.dtype != dtype or not t.is_contiguous() or not t.is_cuda:
-        raise ValueError(f"state[{layer}][{key!r}] must be a contiguous CUDA {dtype} tensor")
-    return t
 
 
 def build_megakernel(source: str, cfg, extra_defines: dict[str, str] | None = None, arch: str | None = None):
