@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi agent bench upstream calib session
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi agent bench upstream calib session phases
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -37,6 +37,7 @@ for step in "$@"; do
       timeout 540 python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-6m}" --out "$d" 2>&1 | tail -30
       mkdir -p "$OUT/session"; cp "$d"/trace.jsonl "$d"/best.cu "$d"/report.html "$d"/report.md "$d"/report-*.png "$OUT/session/" ;;
     agent) timeout 600 python3 -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_agent.py 2>&1 | tee "$OUT/gpu_agent.log" | tail -30 ;;
+    phases) timeout 300 python3 scripts/kimi_phase_profile.py 2>&1 | tee "$OUT/phases.log" ;;
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;
   esac

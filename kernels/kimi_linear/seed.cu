@@ -38,6 +38,13 @@ namespace cg = cooperative_groups;
 
 // ================================ dimensions and layout ================================
 
+#ifndef SKIP_ATTN
+#define SKIP_ATTN 0
+#endif
+#ifndef SKIP_MOE
+#define SKIP_MOE 0
+#endif
+
 constexpr int WARPS = THREADS / 32;
 constexpr int TILE = 256;          // output columns per GEMV tile (16 lanes x 16 columns)
 constexpr int SLAB = 16;           // packed weight rows per warp work item (8 per lane half)
@@ -956,26 +963,27 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
 #pragma unroll 1
   for (int l = 0; l < NUM_LAYERS; ++l) {
     const Ctx cx = layer_ctx(p, l);
+    const bool attn = !SKIP_ATTN, moe = !SKIP_MOE;   // profiling switches (-DSKIP_...=1), never knobs
     if (is_mla_layer(l)) {
-      mla_project(cx, sm);                       grid.sync();   // q (+RoPE), cache row append (+RoPE)
-      mla_absorb_q(cx, sm);                      grid.sync();   // q_eff = W_uk^T q_nope
-      mla_attention(cx, sm);                     grid.sync();   // per-split softmax partials
-      mla_merge_absorb_v(cx, sm);                               // merge splits, o = ctx W_uv
-      jobs_out_proj(cx, next, 3, MLA_O_K);       prefetch_jobs(next, 1);
+      if (attn) mla_project(cx, sm);              grid.sync();   // q (+RoPE), cache row append (+RoPE)
+      if (attn) mla_absorb_q(cx, sm);             grid.sync();   // q_eff = W_uk^T q_nope
+      if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
+      if (attn) mla_merge_absorb_v(cx, sm);                      // merge splits, o = ctx W_uv
+      jobs_out_proj(cx, next, 3, MLA_O_K);        prefetch_jobs(next, 1);
       grid.sync();
-      attn_out_proj(cx, sm, 3, MLA_O_K);                        // hidden = x + o W_o
+      if (attn) attn_out_proj(cx, sm, 3, MLA_O_K);               // hidden = x + o W_o
     } else {
-      kda_project(cx, sm);                       grid.sync();   // q,k,v (+conv), g, beta
-      kda_delta(cx, sm);                                        // S update, o = S^T q
-      jobs_out_proj(cx, next, 4, C_KDA);         prefetch_jobs(next, 1);
+      if (attn) kda_project(cx, sm);              grid.sync();   // q,k,v (+conv), g, beta
+      if (attn) kda_delta(cx, sm);                               // S update, o = S^T q
+      jobs_out_proj(cx, next, 4, C_KDA);          prefetch_jobs(next, 1);
       grid.sync();
-      attn_out_proj(cx, sm, 4, C_KDA);                          // hidden = x + o W_o
+      if (attn) attn_out_proj(cx, sm, 4, C_KDA);                 // hidden = x + o W_o
     }
-    jobs_moe_shared(cx, next);                   prefetch_jobs(next, N_SHARED);
+    jobs_moe_shared(cx, next);                    prefetch_jobs(next, N_SHARED);
     grid.sync();
-    moe_router_shared(cx, sm);                   grid.sync();   // router logits, shared SwiGLU
-    moe_routed_gate_up(cx, sm);                  grid.sync();   // top-k, routed SwiGLU
-    moe_down_residual(cx, sm);                                  // hidden += sum_e w_e down_e
+    if (moe) moe_router_shared(cx, sm);           grid.sync();   // router logits, shared SwiGLU
+    if (moe) moe_routed_gate_up(cx, sm);          grid.sync();   // top-k, routed SwiGLU
+    if (moe) moe_down_residual(cx, sm);                          // hidden += sum_e w_e down_e
     if (l + 1 < NUM_LAYERS) {
       prefetch_next_attention(p, l + 1);
       grid.sync();
