@@ -847,6 +847,8 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
 // weights renormalised and scaled. Every block computes it redundantly (no barrier needed).
 __device__ void route(const Ctx& cx, const Smem& sm) {
   const int e = threadIdx.x;
+  if (e < N_ACTIVE) { sm.sel_e()[e] = 0; sm.sel_w()[e] = 0.0f; }   // NaN logits must not index out of range
+  __syncthreads();
   if (e < N_EXPERTS) {
     const float* lg = cx.logits();
     const float mine = __ldcg(lg + e);
