@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 def smoke_session(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke-session")
     task = get_task("w4a16_gemv", "full")
-    summary = Session(task, TunerPlanner(), Evaluator("w4a16_gemv", "full", work_dir=out / "sandbox"), 75.0,
+    summary = Session(task, TunerPlanner(), Evaluator("w4a16_gemv", "full", work_dir=out / "sandbox"), 60.0,
                       out).run()
     return out, summary
 
@@ -55,7 +55,7 @@ def test_compare_two_knob_settings_of_the_smoke_task(tmp_path):
 
 def test_short_tuner_session_on_the_kimi_seed(tmp_path):
     task = get_task("kimi_linear", "small")
-    summary = Session(task, TunerPlanner(), Evaluator("kimi_linear", "small", work_dir=tmp_path / "sb"), 90.0,
+    summary = Session(task, TunerPlanner(), Evaluator("kimi_linear", "small", work_dir=tmp_path / "sb"), 60.0,
                       tmp_path).run()
     trace = load(tmp_path / "trace.jsonl")
     assert trace.measure.result.ok and summary.tried >= 3
