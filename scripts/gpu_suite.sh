@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox kimi agent bench upstream calib session phases
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session phases
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -25,6 +25,10 @@ for step in "$@"; do
       timeout 300 python3 scripts/kimi_diag.py full 2>&1 | tee "$OUT/diag_full.log" ;;
     tests) timeout 1200 python3 -m pytest -m gpu -q -rs --durations=15 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     sandbox) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_sandbox.py 2>&1 | tee "$OUT/gpu_sandbox.log" | tail -40 ;;
+    checks)  # the correctness-only work, concurrently (no timings are taken here): Kimi GPU tests + upstream check.py
+      bash "$0" kimi > "$OUT/kimi_tests.out" 2>&1 &
+      bash "$0" upstream > "$OUT/upstream.out" 2>&1
+      wait; tail -25 "$OUT/kimi_tests.out"; tail -12 "$OUT/upstream.out" ;;
     kimi) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_kimi.py 2>&1 | tee "$OUT/gpu_kimi.log" | tail -40 ;;
     bench)
       timeout 300 python3 run_agent.py bench --task w4a16_gemv --json > "$OUT/bench_gemv.json" 2> "$OUT/bench_gemv.err"; render "$OUT/bench_gemv.json"
