@@ -18,17 +18,18 @@
 // one LOP3 each, 1024 is subtracted exactly, and q * x accumulates in fp16 over 16 products;
 // then y += scale * (sum q*x - zero * sum x) in fp32 (the zero point folds out exactly).
 //
-// Dimensions arrive as -D from the task (HIDDEN, KDA_H, ...); knobs below are tuned by the agent.
+// Dimensions arrive as -D from the task (HIDDEN, KDA_H, ...); knobs below are tuned by the agent
+// (declared in the order the tuner should try them: work split first, launch shape last).
 // Run: python run_agent.py bench kernels/kimi_linear/seed.cu
 //
-// @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
-// @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
 // @knob KSPLIT_IN 9 {3,6,9,18} K slices of the hidden->X GEMVs (more units, more partial traffic)
 // @knob KSPLIT_O 16 {8,16,32} K slices of the attention output projections
 // @knob KSPLIT_DOWN 4 {2,4,8} K slices of each expert's down projection
+// @knob PREFETCH 1 {0,1} warm L2 with the next phase's first unit of weights before each barrier
 // @knob ATTN_HEADS 8 {4,8} MLA heads per attention unit (cache re-reads vs parallelism)
 // @knob ATTN_MAX_SPLITS 64 {16,32,64} most context splits per head group in MLA attention
-// @knob PREFETCH 1 {0,1} warm L2 with the next phase's first unit of weights before each barrier
+// @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
+// @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
