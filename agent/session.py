@@ -7,6 +7,7 @@ planner has nothing left to try; it then writes best.cu, the trace's session_end
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import subprocess
@@ -74,9 +75,10 @@ class SessionSummary(BaseModel):
 def environment(device) -> Environment:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or "unknown"
+                                timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
+        commit = ""
+    commit = commit or os.environ.get("MK_PROJECT_COMMIT", "unknown")  # a copied tree without .git says it
     packages = {}
     for name in ("pydantic", "anthropic", "tenacity", "rich", "matplotlib"):
         try:
