@@ -108,7 +108,7 @@ constexpr size_t SM_XS2 = SM_XH + 2 * (size_t)X_MAX;                      // flo
 constexpr size_t SM_RED = SM_XS2 + 4 * (size_t)(X_MAX / 2);               // float[WARPS*TILE]
 constexpr size_t SM_SUMS = SM_RED + 4 * (size_t)WARPS * TILE;             // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
-constexpr size_t SM_GEMV_BYTES = SM_MISC + 256;
+constexpr size_t SM_GEMV_BYTES = SM_MISC + 256 + 4 * (size_t)N_EXPERTS;   // flag, routing slots, logits
 constexpr int QE_STRIDE = KV_LORA + 4;                                    // floats, bank-shifted rows
 constexpr int CK_STRIDE = KV_LORA + 8;                                    // bf16, 16-byte rows
 constexpr int KR_STRIDE = QK_ROPE + 8;
@@ -188,6 +188,7 @@ struct Smem {
   __device__ int* flag() const { return reinterpret_cast<int*>(base + SM_MISC); }
   __device__ int* sel_e() const { return reinterpret_cast<int*>(base + SM_MISC + 16); }
   __device__ float* sel_w() const { return reinterpret_cast<float*>(base + SM_MISC + 16 + 4 * 16); }
+  __device__ float* logits() const { return reinterpret_cast<float*>(base + SM_MISC + 256); }
 };
 
 // Everything a phase needs: the parameter block, this layer, and typed views of the scratch.
@@ -487,6 +488,7 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
     if (col0 + t < jb.N)
       for (int m = 0; m < nm; ++m) {
         float v = 0.0f;
+#pragma unroll 8
         for (int slot = 0; slot < jb.nslots; ++slot) v += __ldcg(jb.part + ((size_t)slot * nm + m) * jb.N + col0 + t);
         sums[m * TILE + t] = v;
       }
@@ -806,6 +808,7 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
     __syncthreads();
     for (int c = threadIdx.x; c < KV_LORA; c += THREADS) {
       float v = 0.0f;
+#pragma unroll 8
       for (int s = 0; s < nsplit; ++s) v += wts[s] * __ldcg(cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE + 2 + c);
       ctx[c] = v / *tot;
     }
@@ -848,17 +851,18 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
 // weights renormalised and scaled. Every block computes it redundantly (no barrier needed).
 __device__ void route(const Ctx& cx, const Smem& sm) {
   const int e = threadIdx.x;
+  float* lg = sm.logits();
   if (e < N_ACTIVE) { sm.sel_e()[e] = 0; sm.sel_w()[e] = 0.0f; }   // NaN logits must not index out of range
+  if (e < N_EXPERTS) lg[e] = __ldcg(cx.logits() + e);              // one L2 read per logit, then shared memory
   __syncthreads();
   if (e < N_EXPERTS) {
-    const float* lg = cx.logits();
-    const float mine = __ldcg(lg + e);
+    const float mine = lg[e];
     float mx = NEG_INF;
-    for (int j = 0; j < N_EXPERTS; ++j) mx = fmaxf(mx, __ldcg(lg + j));
+    for (int j = 0; j < N_EXPERTS; ++j) mx = fmaxf(mx, lg[j]);
     float denom = 0.0f;
     int rank = 0;
     for (int j = 0; j < N_EXPERTS; ++j) {
-      const float lj = __ldcg(lg + j);
+      const float lj = lg[j];
       denom += expf(lj - mx);
       rank += (lj > mine) || (lj == mine && j < e);
     }
