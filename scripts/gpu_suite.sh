@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session phases
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session reexec compare phases
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -31,15 +31,21 @@ for step in "$@"; do
       wait; tail -25 "$OUT/kimi_tests.out"; tail -12 "$OUT/upstream.out" ;;
     kimi) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_kimi.py 2>&1 | tee "$OUT/gpu_kimi.log" | tail -40 ;;
     bench)
-      timeout 300 python3 run_agent.py bench --task w4a16_gemv --json > "$OUT/bench_gemv.json" 2> "$OUT/bench_gemv.err"; render "$OUT/bench_gemv.json"
-      timeout 500 python3 run_agent.py bench --json > "$OUT/bench_kimi.json" 2> "$OUT/bench_kimi.err"; render "$OUT/bench_kimi.json" ;;
+      for t in ${BENCH_TASKS:-w4a16_gemv kimi_linear}; do
+        timeout 500 python3 run_agent.py bench --task "$t" --json > "$OUT/bench_$t.json" 2> "$OUT/bench_$t.err"
+        render "$OUT/bench_$t.json"
+      done ;;
     upstream)  # upstream's own check.py on an exported solution (upstream/ is fetched, ignored, never committed)
       python3 run_agent.py export kernels/kimi_linear/seed.cu -o upstream/solution.py
       (cd upstream && timeout 600 python3 check.py 2>&1 | tee "$OUT/upstream_check.log") ;;
-    session)  # a real tuner session on the full Kimi task; its trace and report come back under $OUT/session
+    session)  # a real tuner session on the full Kimi task; its trace and HTML report come back under $OUT/session
       d=runs/example-session; rm -rf "$d"
-      timeout 540 python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-6m}" --out "$d" 2>&1 | tail -30
-      mkdir -p "$OUT/session"; cp "$d"/trace.jsonl "$d"/best.cu "$d"/report.html "$d"/report.md "$d"/report-*.png "$OUT/session/" ;;
+      timeout 540 python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-6m}" --out "$d" \
+        ${SESSION_KERNEL:+--kernel "$SESSION_KERNEL"} 2>&1 | tail -30
+      mkdir -p "$OUT/session"; cp "$d"/trace.jsonl "$d"/report.html "$OUT/session/" ;;
+    reexec) timeout 300 python3 run_agent.py replay runs/example-session/trace.jsonl --reexecute --kept-only 2>&1 | tail -30 ;;
+    compare) timeout 300 python3 run_agent.py compare kernels/w4a16_gemv/seed.cu \
+        kernels/w4a16_gemv/seed.cu:KSPLIT=32,THREADS=128 --task w4a16_gemv --rounds 3 --diff 2>&1 | tail -30 ;;
     agent) timeout 600 python3 -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_agent.py 2>&1 | tee "$OUT/gpu_agent.log" | tail -30 ;;
     phases) timeout 300 python3 scripts/kimi_phase_profile.py 2>&1 | tee "$OUT/phases.log" ;;
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
