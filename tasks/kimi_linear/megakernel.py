@@ -70,7 +70,7 @@ class MegakernelModel(KimiBlocks):
         self._launcher: CooperativeLauncher | None = None
         self._params = None
         self._ring: list[torch.Tensor] = []
-        self._ring_next = 0
+        self._ring_next = [0]   # a list, so that the hot path never goes through nn.Module.__setattr__
         self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._mla_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "M"]
         self._kda_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "K"]
@@ -168,15 +168,15 @@ class MegakernelModel(KimiBlocks):
         """Fill what the next step must write (output buffer, cache rows from ctx_len on) with NaN."""
         if self._launcher is None:
             self._pack(self.blocks[0].attn_norm.device)
-        self._ring[self._ring_next].fill_(float("nan"))
+        self._ring[self._ring_next[0]].fill_(float("nan"))
         for layer in self._mla_layers:
             ckv, krope, n = self._cache_for(layer, state[layer], self._ring[0].device)
             ckv[n:].fill_(float("nan"))
             krope[n:].fill_(float("nan"))
             state[layer]["c_kv"], state[layer]["k_rope"] = ckv[:n], krope[:n]
 
-    @torch.no_grad()
     def step(self, hidden: torch.Tensor, state: list[dict]) -> tuple[torch.Tensor, list[dict]]:
+        """One decode step, one launch. No autograd is involved (weights are only read by the kernel)."""
         if self._launcher is None:
             self._pack(hidden.device)
         p = self._params
@@ -200,8 +200,8 @@ class MegakernelModel(KimiBlocks):
                 raise ValueError("all MLA layers must hold the same number of cached tokens")
             ctx = n
             self._layer_params[i].c_kv, self._layer_params[i].k_rope = ckv.data_ptr(), krope.data_ptr()
-        out = self._ring[self._ring_next]
-        self._ring_next ^= 1
+        out = self._ring[self._ring_next[0]]
+        self._ring_next[0] ^= 1
         p.hidden_in = hidden.data_ptr()
         p.hidden_out = out.data_ptr()
         p.ctx_len = ctx or 0

@@ -49,7 +49,7 @@ class GemvKernelModel(GemvBlock):
         self._scratch = torch.full((max(c.scratch_bytes, 4),), 0xFF, dtype=torch.uint8, device=dev)
         self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=dev)
         self._ring = [torch.empty(self.cfg.hidden, dtype=torch.bfloat16, device=dev) for _ in range(2)]
-        self._next = 0
+        self._next = [0]   # mutated in place: no nn.Module.__setattr__ on the hot path
         p = GemvParams()
         p.norm_w, p.wq = self.norm.data_ptr(), self.proj.w_q.data_ptr()
         p.sc, p.zr = self.proj.scales.data_ptr(), self.proj.zeros.data_ptr()
@@ -59,14 +59,13 @@ class GemvKernelModel(GemvBlock):
         return self
 
     def poison(self, state: list) -> None:
-        self._ring[self._next].fill_(float("nan"))
+        self._ring[self._next[0]].fill_(float("nan"))
 
-    @torch.no_grad()
     def step(self, hidden: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         if hidden.dtype != torch.bfloat16 or hidden.numel() != self.cfg.hidden or not hidden.is_contiguous():
             raise ValueError(f"hidden must be a contiguous bf16 vector of {self.cfg.hidden}")
-        out = self._ring[self._next]
-        self._next ^= 1
+        out = self._ring[self._next[0]]
+        self._next[0] ^= 1
         self._params.x, self._params.out = hidden.data_ptr(), out.data_ptr()
         self._launcher.launch(current_stream(hidden.device))
         return out, state
