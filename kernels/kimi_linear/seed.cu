@@ -119,7 +119,7 @@ constexpr size_t SA_KR = SA_CK + 2 * (size_t)ATT_TT * CK_STRIDE;
 constexpr size_t SA_SC = SA_KR + 2 * (size_t)ATT_TT * KR_STRIDE;
 constexpr size_t SA_STAT = SA_SC + 4 * (size_t)ATT_HG * ATT_TT;           // m, l, alpha per head
 constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * (size_t)ATT_HG;
-constexpr size_t SM_MERGE_BYTES = 4 * ((size_t)KV_LORA + ATTN_MAX_SPLITS + (size_t)WARPS * 512 + 512);
+constexpr size_t SM_MERGE_BYTES = 4 * ((size_t)KV_LORA + 2 * ATTN_MAX_SPLITS + (size_t)WARPS * 512 + 512);
 constexpr size_t DYN_SMEM = imax(imax((int)SM_GEMV_BYTES, (int)SM_ATTN_BYTES), (int)SM_MERGE_BYTES);
 
 MK_LAUNCH_CONTRACT(THREADS, BLOCKS_PER_SM, DYN_SMEM, 4 * SCRATCH_FLOATS, COUNTER_WORDS)
@@ -792,16 +792,21 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
   const int nsplit = attn_splits(cx.ctx_len + 1);
   const QW& W = cx.L->proj[2];
+  float* msum = tot + 1;   // per split: running max, then sum-exp (read in parallel, reduced by one thread)
   for (int h = blockIdx.x; h < MLA_H; h += gridDim.x) {
+    for (int s = threadIdx.x; s < nsplit; s += THREADS) {
+      const float* part = cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE;
+      wts[s] = __ldcg(part);
+      msum[s] = __ldcg(part + 1);
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
       float M = NEG_INF;
-      for (int s = 0; s < nsplit; ++s) M = fmaxf(M, __ldcg(cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE));
+      for (int s = 0; s < nsplit; ++s) M = fmaxf(M, wts[s]);
       float L = 0.0f;
       for (int s = 0; s < nsplit; ++s) {
-        const float* part = cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE;
-        const float m = __ldcg(part);
-        wts[s] = m == NEG_INF ? 0.0f : expf(m - M);
-        L += wts[s] * __ldcg(part + 1);
+        wts[s] = wts[s] == NEG_INF ? 0.0f : expf(wts[s] - M);
+        L += wts[s] * msum[s];
       }
       *tot = L;
     }
