@@ -61,6 +61,15 @@ class Task(ABC):
     def tensor_class(self, name: str, reference: torch.nn.Module | None = None) -> str:
         """Key into spec.tolerances for an observable; `reference` (after its step) may refine it."""
 
+    def reference_variants(self, reference: torch.nn.Module, hidden: torch.Tensor, state: State
+                           ) -> list[tuple[str, torch.Tensor, State]]:
+        """Other equally valid reference results for these inputs (e.g. at a routing near-tie).
+
+        Called right after the reference's own step on the same inputs; the candidate passes if it
+        matches the reference or any variant. Default: the reference is unique.
+        """
+        return []
+
     @abstractmethod
     def rewind(self, state: State, ctx: int) -> State:
         """The same state seen as holding only `ctx` tokens (for repeatable timing)."""

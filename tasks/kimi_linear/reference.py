@@ -100,10 +100,17 @@ def mla_step(attn: MLA, cfg, x: torch.Tensor, st: dict) -> torch.Tensor:
     return linear(attn.o_proj, o.reshape(h * cfg.v_head).to(BF16))
 
 
-def route(moe: MoE, cfg, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over bf16 router logits in fp32, top-k, renormalised and scaled."""
+def route(moe: MoE, cfg, x: torch.Tensor, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over bf16 router logits in fp32, top-k, renormalised and scaled.
+
+    `flip` swaps the k-th expert for the (k+1)-th: the other valid answer when the two logits nearly tie.
+    """
     probs = torch.softmax(F.linear(x, moe.router.weight).float(), dim=-1)
-    w, idx = torch.topk(probs, cfg.n_active)
+    if flip and cfg.n_active < probs.numel():
+        w, idx = torch.topk(probs, cfg.n_active + 1)
+        w, idx = torch.cat([w[:-2], w[-1:]]), torch.cat([idx[:-2], idx[-1:]])
+    else:
+        w, idx = torch.topk(probs, cfg.n_active)
     return w / (w.sum() + 1e-9) * cfg.routed_scaling, idx
 
 
@@ -122,10 +129,10 @@ def routing_margin_ulps(moe: MoE, cfg, x: torch.Tensor) -> float:
     return (kth - nxt) / ulp
 
 
-def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None) -> torch.Tensor:
+def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None, flip: bool = False) -> torch.Tensor:
     if margins is not None:
         margins.append(routing_margin_ulps(moe, cfg, x))
-    w, idx = route(moe, cfg, x)
+    w, idx = route(moe, cfg, x, flip)
     xf = x.float()
 
     def ffn(gate: QuantExperts, up: QuantExperts, down: QuantExperts, e: int) -> torch.Tensor:
@@ -140,28 +147,32 @@ def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None)
     return out.to(BF16)
 
 
-def block_step(blk: Block, cfg, x: torch.Tensor, st: dict, margins: list[float] | None = None) -> torch.Tensor:
+def block_step(blk: Block, cfg, x: torch.Tensor, st: dict, margins: list[float] | None = None,
+               flip: bool = False) -> torch.Tensor:
     attn = kda_step if blk.kind == "K" else mla_step
     h = x + attn(blk.attn, cfg, rmsnorm(x, blk.attn_norm), st)
-    return h + moe_step(blk.moe, cfg, rmsnorm(h, blk.moe_norm), margins)
+    return h + moe_step(blk.moe, cfg, rmsnorm(h, blk.moe_norm), margins, flip)
 
 
 class ReferenceModel(KimiBlocks):
     """The oracle: `step(hidden, state) -> (hidden, state)`, state updated as upstream does.
 
     After each step `routing_margins` holds every layer's top-k margin (see routing_margin_ulps).
+    `flips` names layers whose k-th and (k+1)-th experts are swapped (the alternative valid answer
+    at a near-tie; the checker evaluates those branches too).
     """
 
     routing_margins: list[float] = []
 
     @torch.no_grad()
-    def step(self, hidden: torch.Tensor, state: list[dict]) -> tuple[torch.Tensor, list[dict]]:
+    def step(self, hidden: torch.Tensor, state: list[dict], flips: frozenset[int] = frozenset()
+             ) -> tuple[torch.Tensor, list[dict]]:
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         margins: list[float] = []
         try:
-            for blk, st in zip(self.blocks, state, strict=True):
-                hidden = block_step(blk, self.cfg, hidden, st, margins)
+            for i, (blk, st) in enumerate(zip(self.blocks, state, strict=True)):
+                hidden = block_step(blk, self.cfg, hidden, st, margins, i in flips)
             self.routing_margins = margins
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev

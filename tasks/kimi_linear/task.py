@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..base import State, Task, sharing_weights
@@ -14,14 +16,17 @@ from .inputs import build_model, init_state, init_token
 from .megakernel import MegakernelModel, kernel_defines, kernel_prelude
 from .reference import ReferenceModel
 
-TIE_ULPS = 1.0
+TIE_ULPS = 4.0          # a top-k margin this small (bf16 ulps) may legitimately resolve either way
+MAX_TIE_BRANCHES = 3    # near-tie layers whose alternative routing is evaluated (2^n - 1 extra runs)
 TOLERANCE_NOTE = (
     "Relative-L2 bounds sit about 3x above the optimized-PyTorch baseline's own one-step error "
     "against the fp32 reference (H200: ~0.015 output, ~0.004 S, ~0.010 conv window, ~0.014 appended "
     "cache row; re-measure with `python -m tasks.kimi_linear.calibrate`). Layer-0 states see no MoE "
     "before them: 0.015 (S), 0.03 (conv). Later tensors and the output: 0.05. When the reference's "
-    "top-k margin at some layer is within one bf16 ulp, a different but equally valid expert set is "
-    "possible (the logit may round either way), so tensors after that layer get 'after_tie' (0.35). "
+    "top-k margin at a layer is within 4 bf16 ulps, the k-th and (k+1)-th experts are both valid "
+    "answers (a ~1% difference in the layer's input moves a logit by about one ulp), so the checker "
+    "also runs the reference with that layer's routing flipped and accepts a match with any branch, "
+    "at the same tight bounds (up to 3 such layers; beyond that, later tensors get 'after_tie', 0.35). "
     "The cosine gate (0.98, upstream's) applies to every tensor."
 )
 
@@ -104,9 +109,8 @@ class KimiTask(Task):
 
     def tensor_class(self, name: str, reference=None) -> str:
         layer = len(self.cfg.pattern) if name == "out" else int(name[1 : name.index(".")])
-        margins = getattr(reference, "routing_margins", [])
-        tie = next((i for i, m in enumerate(margins) if m <= TIE_ULPS), None)
-        if tie is not None and layer > tie:
+        unbranched = _near_ties(getattr(reference, "routing_margins", []))[MAX_TIE_BRANCHES:]
+        if unbranched and layer > unbranched[0]:
             return "after_tie"
         if name == "out":
             return "out"
@@ -116,9 +120,24 @@ class KimiTask(Task):
             return "conv_first"
         return "later"
 
+    def reference_variants(self, reference, hidden, state):
+        margins = list(reference.routing_margins)
+        near = _near_ties(margins)[:MAX_TIE_BRANCHES]
+        variants = []
+        for r in range(1, len(near) + 1):
+            for layers in itertools.combinations(near, r):
+                out, st = reference.step(hidden.clone(), Task.clone_state(state), flips=frozenset(layers))
+                variants.append((f"routing flipped at layer(s) {list(layers)}", out, st))
+        reference.routing_margins = margins   # classes refer to the unflipped run
+        return variants
+
     def rewind(self, state: State, ctx: int) -> State:
         for kind, st in zip(self.cfg.pattern, state, strict=True):
             if kind == "M":
                 st["c_kv"], st["k_rope"] = st["c_kv"][:ctx], st["k_rope"][:ctx]
         return state
 
+
+
+def _near_ties(margins: list[float]) -> list[int]:
+    return [i for i, m in enumerate(margins) if m <= TIE_ULPS]
