@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -74,16 +76,17 @@ class SessionSummary(BaseModel):
 
 def environment(device) -> Environment:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        commit = proc.stdout.strip() if proc.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    commit = commit or os.environ.get("MK_PROJECT_COMMIT", "unknown")  # a copied tree without .git says it
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):  # a copied tree without .git: the caller may say it
+        commit = os.environ.get("MK_PROJECT_COMMIT", "unknown")
     packages = {}
     for name in ("pydantic", "anthropic", "tenacity", "rich", "matplotlib"):
         try:
-            packages[name] = __import__(name).__version__
-        except (ImportError, AttributeError):
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
             packages[name] = "absent"
     return Environment(device=device, python=sys.version.split()[0], platform=platform.platform(terse=True),
                        project_commit=commit, packages=packages)
@@ -249,7 +252,7 @@ class Session:
         self._record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
         verdict = judge(self.best.result, res)
         if verdict.kept:
-            verdict = self._confirm(cand, res)
+            verdict = self._confirm(pid, cand, res)
         kept = verdict.kept
         if res.failure is not None:
             self._record(FailureEvent(id=pid, failure=res.failure))
@@ -270,13 +273,18 @@ class Session:
             registers=r.registers if r else None, local_bytes=r.local_bytes if r else None,
             roofline=max((t.roofline for t in res.timings), default=None)))
 
-    def _confirm(self, cand: Candidate, res: EvalResult):
-        """A first win is re-timed interleaved with the best (A B A B) so drift cannot fake a gain."""
+    def _confirm(self, pid: str, cand: Candidate, res: EvalResult):
+        """A first win is re-timed interleaved with the best (A B A B) so drift cannot fake a gain.
+
+        The re-timings are recorded as Evaluate events with ids like `p3~confirm-best-1`.
+        """
         best_c = Candidate(source=self.best.source, knobs=self.best.knobs)
         a, b = [], []
-        for _ in range(2):
-            a.append(self._evaluate(best_c, check=False, baseline=False))
-            b.append(self._evaluate(cand, check=False, baseline=False))
+        for i in range(1, 3):
+            for runs, which, c in ((a, "best", best_c), (b, "candidate", cand)):
+                r = self._evaluate(c, check=False, baseline=False)
+                self._record(Evaluate(id=f"{pid}~confirm-{which}-{i}", result=r.model_copy(update={"build": None})))
+                runs.append(r)
         if any(not r.ok for r in a + b):
             bad = next(r for r in a + b if not r.ok)
             return judge(self.best.result, bad)

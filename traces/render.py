@@ -56,9 +56,12 @@ def render(trace: Trace, console: Console | None = None, this_gpu: str | None = 
         console.print(f"[yellow]warning: {w}[/]")
     ctx = primary_ctx(trace)
     t = Table(title=f"timeline (µs/token at ctx {ctx})")
-    for col, just in (("step", "right"), ("id", "left"), ("hypothesis", "left"), ("outcome", "left"),
-                      ("µs/token", "right"), ("speedup", "right"), ("best µs", "right")):
-        t.add_column(col, justify=just, overflow="fold")
+    for col, just in (("#", "right"), ("id", "left"), ("hypothesis", "left"), ("outcome", "left"),
+                      ("µs/tok", "right"), ("speedup", "right"), ("best µs", "right")):
+        if col == "hypothesis":
+            t.add_column(col, justify=just, overflow="ellipsis", no_wrap=True, max_width=28)
+        else:
+            t.add_column(col, justify=just, no_wrap=True, min_width={"id": 4, "outcome": 8}.get(col, len(col)))
     colors = {"kept": "green", "measured": "cyan", "reverted": "yellow", "slower": "yellow"}
     for r in timeline(trace):
         color = colors.get(r["outcome"], "red")
