@@ -15,6 +15,11 @@ ROOT = Path(__file__).resolve().parent.parent
 State = list[dict]
 
 
+def clone_state(state: State) -> State:
+    """A deep copy of a decode state (list of dicts of tensors)."""
+    return [{k: v.clone() for k, v in st.items()} for st in state]
+
+
 class Task(ABC):
     """A decode-style problem: `step(hidden, state) -> (hidden, state)` for reference, baseline, candidate."""
 
@@ -77,7 +82,7 @@ class Task(ABC):
 
     @staticmethod
     def clone_state(state: State) -> State:
-        return [{k: v.clone() for k, v in st.items()} for st in state]
+        return clone_state(state)
 
 
 def sharing_weights(cls: type[torch.nn.Module], cfg, reference: torch.nn.Module) -> torch.nn.Module:

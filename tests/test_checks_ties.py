@@ -4,9 +4,10 @@ import torch
 import torch.nn.functional as F
 
 from sandbox.checks import Checker
+from tasks.base import clone_state
 from tasks.kimi_linear import reference as ref
 from tasks.kimi_linear.config import SMALL
-from tasks.kimi_linear.inputs import build_model, clone_state, init_state, init_token
+from tasks.kimi_linear.inputs import build_model, init_state, init_token
 from tasks.kimi_linear.task import KimiTask
 
 CPU = torch.device("cpu")

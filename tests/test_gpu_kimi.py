@@ -9,9 +9,10 @@ import torch.nn.functional as F
 
 from sandbox.candidate import Candidate
 from sandbox.pool import Evaluator
+from tasks.base import clone_state
 from tasks.kimi_linear.baseline import BaselineModel
 from tasks.kimi_linear.config import FULL, SMALL
-from tasks.kimi_linear.inputs import build_model, clone_state, init_state, init_token
+from tasks.kimi_linear.inputs import build_model, init_state, init_token
 from tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel
 from tasks.kimi_linear.reference import ReferenceModel
 

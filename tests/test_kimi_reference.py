@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tasks.base import clone_state
 from tasks.kimi_linear import reference as ref
 from tasks.kimi_linear.baseline import BaselineModel
 from tasks.kimi_linear.config import SMALL, KimiConfig
-from tasks.kimi_linear.inputs import build_model, clone_state, init_state, init_token, upstream_weights_
+from tasks.kimi_linear.inputs import build_model, init_state, init_token, upstream_weights_
 from tasks.kimi_linear.megakernel import MegakernelModel
 from tasks.kimi_linear.modules import KimiBlocks
 from tasks.kimi_linear.quant import dequantize

@@ -49,10 +49,6 @@ def init_token(cfg: KimiConfig, seed: int, device=None) -> torch.Tensor:
     return torch.randn(cfg.hidden, device=dev, generator=g, dtype=torch.bfloat16) * 0.25
 
 
-def clone_state(state: list[dict]) -> list[dict]:
-    return [{k: v.clone() for k, v in st.items()} for st in state]
-
-
 @torch.no_grad()
 def random_weights_(model: KimiBlocks, seed: int) -> KimiBlocks:
     """Fill every weight on the model's device with int4 codes and group params shaped like upstream's.
