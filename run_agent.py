@@ -157,8 +157,12 @@ def cmd_export(args) -> int:
     if not path.is_file():
         raise SystemExit(f"kernel file not found: {path}")
     cand = Candidate(source=path.read_text(), knobs=parse_knobs(args.knob))
-    knobs = validate(cand)
-    Path(args.output).write_text(export_solution(cand.source, knobs, f"{path.name} {knobs}"))
+    try:
+        knobs = validate(cand)
+        text = export_solution(cand.source, knobs, f"{path.name} {knobs}")
+    except ValueError as e:  # CandidateError or forbidden text: say what is wrong, no traceback
+        raise SystemExit(f"cannot export {path}: {e}") from e
+    Path(args.output).write_text(text)
     print(f"wrote {args.output} ({path.name}, knobs {knobs})")
     return 0
 
