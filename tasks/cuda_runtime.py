@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+import torch
+
 LAUNCH_SYMBOLS = ("launch_threads", "launch_blocks_per_sm", "launch_dynamic_smem", "scratch_bytes", "counter_words")
 
 # A kernel states its launch shape and scratch needs with this macro; the host reads the globals.
@@ -179,8 +181,8 @@ class CooperativeLauncher:
 
 def current_stream(device) -> int:
     """The CUstream torch is issuing to on `device` (the cheap accessor when this torch has it)."""
-    import torch
-
     index = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

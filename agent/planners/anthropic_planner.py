@@ -143,19 +143,19 @@ class AnthropicPlanner(Planner):
             call = next((b for b in resp.content if b.type == "tool_use" and b.name == TOOL["name"]), None)
             if call is None:
                 error = "no propose_kernel tool call in the reply; call propose_kernel with your proposal"
-                self._report(error, turn)
+                self._report(error)
                 messages.append({"role": "user", "content": error})
                 continue
             try:
                 return self._planned(view, call.input, turn)
             except (ValidationError, EditError, CandidateError, ValueError) as e:
                 error = f"proposal rejected: {e}"
-                self._report(error, turn)
+                self._report(error)
                 messages.append({"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": call.id, "is_error": True, "content": error}]})
         raise PlannerFailure(f"no usable proposal after {self.max_turn_retries + 1} replies", turn)
 
-    def _report(self, message: str, usage: LlmUsage) -> None:
+    def _report(self, message: str) -> None:
         """A failed attempt within a turn; its tokens are accounted with the turn's proposal or failure."""
         if self.on_error is not None:
             self.on_error(message, None)
