@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session reexec compare phases
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session reexec compare stamps phases
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -47,6 +47,7 @@ for step in "$@"; do
     compare) timeout 300 python3 run_agent.py compare kernels/w4a16_gemv/seed.cu \
         kernels/w4a16_gemv/seed.cu:KSPLIT=32,THREADS=128 --task w4a16_gemv --rounds 3 --diff 2>&1 | tail -30 ;;
     agent) timeout 600 python3 -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_agent.py 2>&1 | tee "$OUT/gpu_agent.log" | tail -30 ;;
+    stamps) timeout 300 python3 scripts/kimi_phase_stamps.py ${STAMPS_KERNEL:-} 2>&1 | tee "$OUT/stamps.log" ;;
     phases) timeout 300 python3 scripts/kimi_phase_profile.py 2>&1 | tee "$OUT/phases.log" ;;
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;

@@ -45,6 +45,9 @@ namespace cg = cooperative_groups;
 #ifndef SKIP_MOE
 #define SKIP_MOE 0
 #endif
+#ifndef PHASE_STAMPS
+#define PHASE_STAMPS 0   // profiling switch: each block stamps %globaltimer around every grid barrier
+#endif
 
 constexpr int WARPS = THREADS / 32;
 constexpr int TILE = 256;          // output columns per GEMV tile (16 lanes x 16 columns)
@@ -97,7 +100,9 @@ constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APAR
 constexpr size_t SPLITK_FLOATS = (size_t)imax(
     imax(imax(4 * KSPLIT_IN * C_KDA, KSPLIT_IN * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
     imax(imax(N_SHARED, N_ACTIVE) * KSPLIT_IN * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
-constexpr size_t SCRATCH_FLOATS = OFF_SPLITK + SPLITK_FLOATS;
+constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
+constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024;
+constexpr size_t SCRATCH_FLOATS = OFF_STAMPS + (PHASE_STAMPS ? 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS : 0);
 constexpr int COUNTER_WORDS = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +
                               N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN) + 32;
 
@@ -942,6 +947,22 @@ __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
 
 // ================================ the schedule ================================
 
+// Grid barrier; with PHASE_STAMPS each block records when it arrived and when it was released.
+struct Barrier {
+  cg::grid_group grid;
+  unsigned long long* stamps;
+  int n;
+  __device__ void stamp() {
+    if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS) {
+      unsigned long long t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = t;
+    }
+    ++n;
+  }
+  __device__ void sync() { stamp(); grid.sync(); stamp(); }
+};
+
 __device__ Ctx layer_ctx(const KimiParams& p, int l) {
   Ctx cx;
   cx.p = &p;
@@ -968,7 +989,8 @@ __device__ void prefetch_next_attention(const KimiParams& p, int l) {
 
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 kimi_decode_step(const __grid_constant__ KimiParams p) {
-  cg::grid_group grid = cg::this_grid();
+  Barrier grid{cg::this_grid(), reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0};
+  grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem sm{smem_raw};
   Job next[N_SHARED];
@@ -1001,4 +1023,5 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
       grid.sync();
     }
   }
+  grid.stamp();
 }
