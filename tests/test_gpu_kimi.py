@@ -118,6 +118,17 @@ def test_binding_grows_the_cache_past_its_capacity(small_models):
     assert st[3]["c_kv"].shape[0] == 4098
 
 
+def test_binding_accepts_an_input_vector_that_is_not_16_byte_aligned(small_models):
+    ref, mk = small_models
+    h, st = init_token(SMALL, 4, DEV), init_state(SMALL, 20, 4, DEV)
+    backing = torch.empty(SMALL.hidden + 1, dtype=torch.bfloat16, device=DEV)
+    shifted = backing[1:]
+    shifted.copy_(h)
+    assert shifted.data_ptr() % 16
+    o_r, _ = ref.step(h.clone(), clone_state(st))
+    o_m, _ = mk.step(shifted, st)
+    assert cos(o_m, o_r) > 0.99 and rel(o_m, o_r) < 0.05
+
 
 def test_binding_rejects_a_malformed_state_with_a_clear_error(small_models):
     _, mk = small_models

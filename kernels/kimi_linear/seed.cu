@@ -14,6 +14,11 @@
 // order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...). Deterministic: no float
 // atomics anywhere.
 //
+// Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that cp.async copies
+// into a two-slot shared-memory ring: chunk i+1 is in flight while chunk i is computed, and the first
+// chunk of the next phase is issued before the grid barrier (weights do not depend on activations),
+// so it lands while the block waits and then stages its input vector.
+//
 // Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; nibbles become fp16 (1024 + q) with
 // one LOP3 each, 1024 is subtracted exactly, and q * x accumulates in fp16 over 16 products;
 // then y += scale * (sum q*x - zero * sum x) in fp32 (the zero point folds out exactly).
@@ -25,7 +30,7 @@
 // @knob KSPLIT_IN 9 {3,6,9,18} K slices of the hidden->X GEMVs (more units, more partial traffic)
 // @knob KSPLIT_O 16 {8,16,32} K slices of the attention output projections
 // @knob KSPLIT_DOWN 4 {2,4,8} K slices of each expert's down projection
-// @knob PREFETCH 1 {0,1} warm L2 with the next phase's first unit of weights before each barrier
+// @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
 // @knob ATTN_HEADS 8 {4,8} MLA heads per attention unit (cache re-reads vs parallelism)
 // @knob ATTN_MAX_SPLITS 64 {16,32,64} most context splits per head group in MLA attention
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
@@ -108,12 +113,19 @@ constexpr int COUNTER_WORDS = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of
 
 // Shared memory: one dynamic buffer, carved per phase kind.
 constexpr int X_MAX = imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, N_SLOTS * MOE_INTER));
+constexpr int CHUNK_SLABS = WARPS;                                        // one slab per warp
+constexpr int CHUNK_ROWS = CHUNK_SLABS * SLAB;
+constexpr int CHUNK_GROUPS = (CHUNK_ROWS + GROUP_ROWS - SLAB - 1) / GROUP_ROWS + 1;   // groups a chunk can touch
+constexpr size_t RING_W_BYTES = (size_t)CHUNK_ROWS * TILE;               // packed weights of one chunk
+constexpr size_t RING_G_BYTES = 2 * (size_t)TILE;                         // one group's bf16 scales (or zeros)
+constexpr size_t RING_SLOT = RING_W_BYTES + 2 * CHUNK_GROUPS * RING_G_BYTES;
 constexpr size_t SM_XH = 0;                                               // half[X_MAX]
-constexpr size_t SM_XS2 = SM_XH + 2 * (size_t)X_MAX;                      // float[X_MAX/2]
-constexpr size_t SM_RED = SM_XS2 + 4 * (size_t)(X_MAX / 2);               // float[WARPS*TILE]
+constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[WARPS*TILE]
 constexpr size_t SM_SUMS = SM_RED + 4 * (size_t)WARPS * TILE;             // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
-constexpr size_t SM_GEMV_BYTES = SM_MISC + 256 + 4 * (size_t)N_EXPERTS;   // flag, routing slots, logits
+constexpr size_t SM_RING = SM_MISC + ((256 + 4 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // 2 ring slots
+constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
+static_assert(X_MAX % 8 == 0 && HIDDEN % 8 == 0, "16-byte staging loads");
 constexpr int QE_STRIDE = KV_LORA + 4;                                    // floats, bank-shifted rows
 constexpr int CK_STRIDE = KV_LORA + 8;                                    // bf16, 16-byte rows
 constexpr int KR_STRIDE = QK_ROPE + 8;
@@ -180,20 +192,26 @@ __device__ __forceinline__ __half2 nibbles_to_half2(unsigned v) {
   return __hsub2(u32_as_half2((v & 0x000F000Fu) | 0x64006400u), u32_as_half2(0x64006400u));
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
 
 // ================================ shared-memory views ================================
 
 struct Smem {
   unsigned char* base;
   __device__ __half* xh() const { return reinterpret_cast<__half*>(base + SM_XH); }
-  __device__ float* xs2() const { return reinterpret_cast<float*>(base + SM_XS2); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + SM_RED); }
   __device__ float* sums() const { return reinterpret_cast<float*>(base + SM_SUMS); }
   __device__ int* flag() const { return reinterpret_cast<int*>(base + SM_MISC); }
   __device__ int* sel_e() const { return reinterpret_cast<int*>(base + SM_MISC + 16); }
   __device__ float* sel_w() const { return reinterpret_cast<float*>(base + SM_MISC + 16 + 4 * 16); }
   __device__ float* logits() const { return reinterpret_cast<float*>(base + SM_MISC + 256); }
+  __device__ unsigned char* ring(int slot) const { return base + SM_RING + slot * RING_SLOT; }
 };
 
 // Everything a phase needs: the parameter block, this layer, and typed views of the scratch.
@@ -218,94 +236,112 @@ struct Ctx {
 
 // ================================ staging the GEMV input ================================
 
-__device__ void finish_staging(int n, const Smem& sm) {
-  __syncthreads();
-  const __half* xh = sm.xh();
-  for (int r = threadIdx.x; r < n / 2; r += THREADS)
-    sm.xs2()[r] = __half2float(xh[2 * r]) + __half2float(xh[2 * r + 1]);
-  __syncthreads();
-}
-
-// x <- bf16(rmsnorm(src) * w), kept as fp16 (exact for bf16 values in the normal range).
+// x <- bf16(rmsnorm(src) * w), kept as fp16 (exact for bf16 values in the normal range). Every load
+// (16 bytes per 8 elements) is issued before the block reduction: one L2 round trip.
 __device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
+  constexpr int V = HIDDEN / 8, PER = (V + THREADS - 1) / THREADS;
+  uint4 xv[PER], wv[PER];
   float ss = 0.0f;
-  for (int k = threadIdx.x; k < HIDDEN; k += THREADS) { const float v = ld_bf16(src + k); ss += v * v; }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = threadIdx.x + i * THREADS;
+    xv[i] = wv[i] = make_uint4(0, 0, 0, 0);
+    if (v < V) {
+      xv[i] = __ldcg(reinterpret_cast<const uint4*>(src) + v);
+      wv[i] = __ldg(reinterpret_cast<const uint4*>(w) + v);
+    }
+    float f[8];
+    unpack8(xv[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
   const float r = 1.0f / sqrtf(block_sum(ss, sm.red()) / HIDDEN + RMS_EPS);
-  for (int k = threadIdx.x; k < HIDDEN; k += THREADS)
-    sm.xh()[k] = __float2half_rn(bf16r(ld_bf16(src + k) * r * __bfloat162float(w[k])));
-  finish_staging(HIDDEN, sm);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = threadIdx.x + i * THREADS;
+    if (v < V) {
+      float f[8], g[8];
+      unpack8(xv[i], f);
+      unpack8(wv[i], g);
+      __half2 h[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        h[j] = __halves2half2(__float2half_rn(bf16r(f[2 * j] * r * g[2 * j])),
+                              __float2half_rn(bf16r(f[2 * j + 1] * r * g[2 * j + 1])));
+      *reinterpret_cast<uint4*>(sm.xh() + 8 * v) = *reinterpret_cast<const uint4*>(h);
+    }
+  }
+  __syncthreads();
 }
 
+// x <- fp16(src[0..n)) for n % 4 == 0, 16-byte loads.
 __device__ void stage_floats(const float* src, int n, const Smem& sm) {
-  for (int k = threadIdx.x; k < n; k += THREADS) sm.xh()[k] = __float2half_rn(__ldcg(src + k));
-  finish_staging(n, sm);
+#pragma unroll 4
+  for (int v = threadIdx.x; v < n / 4; v += THREADS) {
+    const float4 f = __ldcg(reinterpret_cast<const float4*>(src) + v);
+    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + 4 * v);
+    dst[0] = __floats2half2_rn(f.x, f.y);
+    dst[1] = __floats2half2_rn(f.z, f.w);
+  }
+  __syncthreads();
 }
 
 // ================================ int4 GEMV core ================================
 
-// Partial y[c] = sum_k x[k] W[k, c] over packed rows [slab0*SLAB, slab1*SLAB) for the 256 columns of
-// the tile at col0; the block's result lands in out[0..TILE).
-__device__ void gemv_tile_partial(const unsigned char* __restrict__ wq, const bf16* __restrict__ sc,
-                                  const bf16* __restrict__ zr, int N, int col0, int slab0, int slab1,
-                                  const __half* xh, const float* xs2, float* red, float* out) {
+// acc (this lane's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
+// [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE).
+__device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
+                           const __half* xh, float* acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int seg = lane & 15, par = lane >> 4;
-  const int c = col0 + seg * 16;
-  const bool valid = c < N;
-  float acc[16];
+  const int slab = slab_begin + warp;
+  if (slab >= slab_end || col0 + seg * 16 >= N) return;
+  const int row0 = slab * SLAB + par;             // this lane's rows: row0 + 2i
+  const int gi = (slab * SLAB) / GROUP_ROWS - (slab_begin * SLAB) / GROUP_ROWS;
+  const unsigned char* wp = slot + (size_t)(warp * SLAB + par) * TILE + seg * 16;
+  uint4 w[8];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-
-  for (int slab = slab0 + warp; slab < slab1; slab += WARPS) {
-    const int row0 = slab * SLAB + par;             // this lane's rows: row0 + 2i
-    const int g = (slab * SLAB) / GROUP_ROWS;
-    uint4 w[8];
-    uint4 sraw[2], zraw[2];   // 16 scales, 16 zeros (bf16), unpacked only at the flush
-    if (valid) {
-      const unsigned char* p = wq + (size_t)row0 * N + c;
+  for (int i = 0; i < 8; ++i) w[i] = *reinterpret_cast<const uint4*>(wp + (size_t)(2 * i) * TILE);
+  const uint4* sp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + gi * RING_G_BYTES + seg * 32);
+  const uint4* zp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + (CHUNK_GROUPS + gi) * RING_G_BYTES + seg * 32);
+  const uint4 sraw[2] = {sp[0], sp[1]}, zraw[2] = {zp[0], zp[1]};   // 16 scales, 16 zeros (bf16)
+  __half2 a[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = __ldcs(reinterpret_cast<const uint4*>(p + (size_t)(2 * i) * N));
-      const uint4* sp = reinterpret_cast<const uint4*>(sc + (size_t)g * N + c);
-      const uint4* zp = reinterpret_cast<const uint4*>(zr + (size_t)g * N + c);
-      sraw[0] = __ldg(sp); sraw[1] = __ldg(sp + 1);
-      zraw[0] = __ldg(zp); zraw[1] = __ldg(zp + 1);
-    } else {
+  for (int j = 0; j < 8; ++j) a[j] = __float2half2_rn(0.0f);
+  float xsum = 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = make_uint4(0, 0, 0, 0);
-      sraw[0] = sraw[1] = zraw[0] = zraw[1] = make_uint4(0, 0, 0, 0);
-    }
-    __half2 a[8];
+  for (int i = 0; i < 8; ++i) {
+    const int r = row0 + 2 * i;
+    const __half2 xp = *reinterpret_cast<const __half2*>(xh + 2 * r);
+    const __half2 xe = __low2half2(xp), xo = __high2half2(xp);
+    xsum += __low2float(xp) + __high2float(xp);
+    const unsigned v[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) a[j] = __float2half2_rn(0.0f);
-    float xsum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = row0 + 2 * i;
-      const __half2 xp = *reinterpret_cast<const __half2*>(xh + 2 * r);
-      const __half2 xe = __low2half2(xp), xo = __high2half2(xp);
-      xsum += xs2[r];
-      const unsigned v[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3; a[2j] = (4j, 4j+2), a[2j+1] = (4j+1, 4j+3)
-        a[2 * j] = __hfma2(nibbles_to_half2(v[j]), xe, a[2 * j]);
-        a[2 * j] = __hfma2(nibbles_to_half2(v[j] >> 4), xo, a[2 * j]);
-        a[2 * j + 1] = __hfma2(nibbles_to_half2(v[j] >> 8), xe, a[2 * j + 1]);
-        a[2 * j + 1] = __hfma2(nibbles_to_half2(v[j] >> 12), xo, a[2 * j + 1]);
-      }
-    }
-    // y[col] += scale * (sum q*x - zero * sum x); word j of sraw/zraw holds columns 2j, 2j+1
-    const unsigned sw[8] = {sraw[0].x, sraw[0].y, sraw[0].z, sraw[0].w, sraw[1].x, sraw[1].y, sraw[1].z, sraw[1].w};
-    const unsigned zw[8] = {zraw[0].x, zraw[0].y, zraw[0].z, zraw[0].w, zraw[1].x, zraw[1].y, zraw[1].z, zraw[1].w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f02 = __half22float2(a[2 * j]);
-      const float2 f13 = __half22float2(a[2 * j + 1]);
-      acc[4 * j + 0] += bf16_lo(sw[2 * j]) * (f02.x - bf16_lo(zw[2 * j]) * xsum);
-      acc[4 * j + 1] += bf16_hi(sw[2 * j]) * (f13.x - bf16_hi(zw[2 * j]) * xsum);
-      acc[4 * j + 2] += bf16_lo(sw[2 * j + 1]) * (f02.y - bf16_lo(zw[2 * j + 1]) * xsum);
-      acc[4 * j + 3] += bf16_hi(sw[2 * j + 1]) * (f13.y - bf16_hi(zw[2 * j + 1]) * xsum);
+    for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3; a[2j] = (4j, 4j+2), a[2j+1] = (4j+1, 4j+3)
+      a[2 * j] = __hfma2(nibbles_to_half2(v[j]), xe, a[2 * j]);
+      a[2 * j] = __hfma2(nibbles_to_half2(v[j] >> 4), xo, a[2 * j]);
+      a[2 * j + 1] = __hfma2(nibbles_to_half2(v[j] >> 8), xe, a[2 * j + 1]);
+      a[2 * j + 1] = __hfma2(nibbles_to_half2(v[j] >> 12), xo, a[2 * j + 1]);
     }
   }
+  // y[col] += scale * (sum q*x - zero * sum x); word j of sraw/zraw holds columns 2j, 2j+1
+  const unsigned sw[8] = {sraw[0].x, sraw[0].y, sraw[0].z, sraw[0].w, sraw[1].x, sraw[1].y, sraw[1].z, sraw[1].w};
+  const unsigned zw[8] = {zraw[0].x, zraw[0].y, zraw[0].z, zraw[0].w, zraw[1].x, zraw[1].y, zraw[1].z, zraw[1].w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f02 = __half22float2(a[2 * j]);
+    const float2 f13 = __half22float2(a[2 * j + 1]);
+    acc[4 * j + 0] += bf16_lo(sw[2 * j]) * (f02.x - bf16_lo(zw[2 * j]) * xsum);
+    acc[4 * j + 1] += bf16_hi(sw[2 * j]) * (f13.x - bf16_hi(zw[2 * j]) * xsum);
+    acc[4 * j + 2] += bf16_lo(sw[2 * j + 1]) * (f02.y - bf16_lo(zw[2 * j + 1]) * xsum);
+    acc[4 * j + 3] += bf16_hi(sw[2 * j + 1]) * (f13.y - bf16_hi(zw[2 * j + 1]) * xsum);
+  }
+}
+
+// out[0..TILE) = sum over warps of acc (fixed order), then acc = 0.
+__device__ void reduce_tile(float* acc, float* red, float* out) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int seg = lane & 15, par = lane >> 4;
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] += __shfl_down_sync(0xffffffffu, acc[i], 16);
   if (par == 0) {
@@ -313,6 +349,8 @@ __device__ void gemv_tile_partial(const unsigned char* __restrict__ wq, const bf
 #pragma unroll
     for (int i = 0; i < 4; ++i) dst[i] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
   }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
   __syncthreads();
   for (int t = threadIdx.x; t < TILE; t += THREADS) {
     float v = 0.0f;
@@ -375,24 +413,6 @@ __device__ void slab_range(const Job& j, int split, int& s0, int& s1) {
   const int slabs = j.K / 2 / SLAB;
   s0 = split * slabs / j.ksplit;
   s1 = (split + 1) * slabs / j.ksplit;
-}
-
-// Warm L2 with the weights of the first unit this block will run in the coming phase.
-__device__ void prefetch_jobs(const Job* jobs, int njobs) {
-  if (!PREFETCH) return;
-  int u = blockIdx.x, j = 0;
-  while (j < njobs && u >= job_units(jobs[j])) { u -= job_units(jobs[j]); ++j; }
-  if (j >= njobs) return;
-  const Job& jb = jobs[j];
-  int s0, s1;
-  slab_range(jb, u % jb.ksplit, s0, s1);
-  const int col0 = (u / jb.ksplit) * TILE;
-  const int rows = (s1 - s0) * SLAB;
-  for (int m = 0; m <= jb.paired; ++m)
-    for (int i = threadIdx.x; i < 2 * rows; i += THREADS) {
-      const int col = col0 + (i & 1) * 128;
-      if (col < jb.N) prefetch_l2(jb.m[m].wq + (size_t)(s0 * SLAB + (i >> 1)) * jb.N + col);
-    }
 }
 
 // --- epilogues: block-wide, one output column per thread; `a`/`b` are the finished sums ---
@@ -501,20 +521,101 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
   epilogue(jb, tile, cx, sm);
 }
 
-__device__ void run_jobs(const Job* jobs, int njobs, const Ctx& cx, const Smem& sm) {
+// ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
+
+struct Chunk {
+  int unit, m, slab;   // global unit index (>= total: none), matrix of a pair, first slab
+};
+
+__device__ int total_units(const Job* jobs, int njobs) {
   int total = 0;
   for (int j = 0; j < njobs; ++j) total += job_units(jobs[j]);
-  for (int u = blockIdx.x; u < total; u += gridDim.x) {
-    int j = 0, rem = u;
-    while (rem >= job_units(jobs[j])) { rem -= job_units(jobs[j]); ++j; }
-    const Job& jb = jobs[j];
+  return total;
+}
+
+// Job of unit u; `rem` becomes the unit's index inside that job.
+__device__ int job_of(const Job* jobs, int u, int& rem) {
+  int j = 0;
+  rem = u;
+  while (rem >= job_units(jobs[j])) { rem -= job_units(jobs[j]); ++j; }
+  return j;
+}
+
+__device__ Chunk unit_chunk(const Job* jobs, int total, int u) {
+  if (u >= total) return Chunk{u, 0, 0};
+  int rem, s0, s1;
+  const Job& jb = jobs[job_of(jobs, u, rem)];
+  slab_range(jb, rem % jb.ksplit, s0, s1);
+  return Chunk{u, 0, s0};
+}
+
+__device__ Chunk next_chunk(const Job* jobs, int total, Chunk c) {
+  int rem, s0, s1;
+  const Job& jb = jobs[job_of(jobs, c.unit, rem)];
+  slab_range(jb, rem % jb.ksplit, s0, s1);
+  if (c.slab + CHUNK_SLABS < s1) return Chunk{c.unit, c.m, c.slab + CHUNK_SLABS};
+  if (c.m < jb.paired) return Chunk{c.unit, c.m + 1, s0};
+  return unit_chunk(jobs, total, c.unit + gridDim.x);
+}
+
+// cp.async the chunk's packed rows and the scales/zeros of the groups it touches into `slot`.
+__device__ void issue_chunk(const Job* jobs, Chunk c, unsigned char* slot) {
+  int rem, s0, s1;
+  const Job& jb = jobs[job_of(jobs, c.unit, rem)];
+  slab_range(jb, rem % jb.ksplit, s0, s1);
+  const Mat& mt = jb.m[c.m];
+  const int col0 = (rem / jb.ksplit) * TILE;
+  const int row0 = c.slab * SLAB, rows = (min(c.slab + CHUNK_SLABS, s1) - c.slab) * SLAB;
+  for (int i = threadIdx.x; i < rows * (TILE / 16); i += THREADS) {
+    const int r = i / (TILE / 16), col = col0 + (i % (TILE / 16)) * 16;
+    if (col < jb.N) cp_async16(slot + (size_t)r * TILE + (col - col0), mt.wq + (size_t)(row0 + r) * jb.N + col);
+  }
+  const int g0 = row0 / GROUP_ROWS, ng = (row0 + rows - 1) / GROUP_ROWS - g0 + 1;
+  constexpr int PIECES = TILE / 8;   // 16-byte pieces of one group's scales for a tile
+  for (int i = threadIdx.x; i < 2 * ng * PIECES; i += THREADS) {
+    const int zero = i / (ng * PIECES), gi = (i / PIECES) % ng, col = col0 + (i % PIECES) * 8;
+    if (col < jb.N)
+      cp_async16(slot + RING_W_BYTES + (zero * CHUNK_GROUPS + gi) * RING_G_BYTES + 2 * (col - col0),
+                 (zero ? mt.zr : mt.sc) + (size_t)(g0 + gi) * jb.N + col);
+  }
+}
+
+// Put this block's first chunk of `jobs` in flight (into slot 0). Called before the barrier that
+// precedes the phase (the next phase's weights are known) or at the start of the phase.
+__device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem& sm) {
+  cp_async_wait<0>();
+  __syncthreads();   // slot 0 is free: every earlier use of shared memory is over
+  const int total = total_units(jobs, njobs);
+  const Chunk c = unit_chunk(jobs, total, blockIdx.x);
+  if (c.unit < total) issue_chunk(jobs, c, sm.ring(0));
+  cp_async_commit();
+}
+
+// Run this block's units; the first chunk must be in flight already (issue_first). Chunk i+1 is
+// copied into the other slot while chunk i is computed.
+__device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx& cx, const Smem& sm) {
+  const int total = total_units(jobs, njobs);
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+  int slot = 0;
+  for (Chunk c = unit_chunk(jobs, total, blockIdx.x); c.unit < total; slot ^= 1) {
+    const Chunk nx = next_chunk(jobs, total, c);
+    if (nx.unit < total) issue_chunk(jobs, nx, sm.ring(slot ^ 1));
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    int rem, s0, s1;
+    const Job& jb = jobs[job_of(jobs, c.unit, rem)];
     const int tile = rem / jb.ksplit, split = rem % jb.ksplit;
-    int s0, s1;
     slab_range(jb, split, s0, s1);
-    for (int m = 0; m <= jb.paired; ++m)
-      gemv_tile_partial(jb.m[m].wq, jb.m[m].sc, jb.m[m].zr, jb.N, tile * TILE, s0, s1, sm.xh() + jb.x_off,
-                        sm.xs2() + jb.x_off / 2, sm.red(), sm.sums() + m * TILE);
-    finish_unit(jb, tile, split, cx, sm);
+    gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, s1), sm.xh() + jb.x_off, acc);
+    if (nx.unit != c.unit || nx.m != c.m) {
+      reduce_tile(acc, sm.red(), sm.sums() + c.m * TILE);
+      if (c.m == jb.paired) finish_unit(jb, tile, split, cx, sm);
+    }
+    __syncthreads();   // the slot is read; the next iteration may refill it
+    c = nx;
   }
 }
 
@@ -546,11 +647,13 @@ __device__ void jobs_kda_project(const Ctx& cx, Job* jobs) {
                        m < 3 ? EPI_CONV : EPI_DECAY, m);
 }
 
-__device__ void kda_project(const Ctx& cx, const Smem& sm) {
-  stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
-  dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
+// `ahead`: the first weight chunk was issued before the barrier (here and in every GEMV phase below).
+__device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
   Job jobs[4];
   jobs_kda_project(cx, jobs);
+  if (!ahead) issue_first(jobs, 4, sm);
+  stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
   run_jobs(jobs, 4, cx, sm);
 }
 
@@ -609,10 +712,11 @@ __device__ void jobs_out_proj(const Ctx& cx, Job* jobs, int slot, int K) {
   jobs[0] = make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, cx.splitk(), cx.counters, EPI_RESIDUAL, 0);
 }
 
-__device__ void attn_out_proj(const Ctx& cx, const Smem& sm, int slot, int K) {
-  stage_floats(cx.attn_o(), K, sm);
+__device__ void attn_out_proj(const Ctx& cx, const Smem& sm, int slot, int K, bool ahead) {
   Job job;
   jobs_out_proj(cx, &job, slot, K);
+  if (!ahead) issue_first(&job, 1, sm);
+  stage_floats(cx.attn_o(), K, sm);
   run_jobs(&job, 1, cx, sm);
 }
 
@@ -623,10 +727,11 @@ __device__ void jobs_mla_project(const Ctx& cx, Job* jobs) {
                      cx.counters + tiles_of(MLA_Q_N), EPI_MLA_KVA, 0);
 }
 
-__device__ void mla_project(const Ctx& cx, const Smem& sm) {
-  stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+__device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
   Job jobs[2];
   jobs_mla_project(cx, jobs);
+  if (!ahead) issue_first(jobs, 2, sm);
+  stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
   run_jobs(jobs, 2, cx, sm);
 }
 
@@ -903,17 +1008,18 @@ __device__ void jobs_moe_shared(const Ctx& cx, Job* jobs) {
                          cx.counters + s * tiles_of(MOE_INTER), N_ACTIVE + s);
 }
 
-__device__ void moe_router_shared(const Ctx& cx, const Smem& sm) {
-  stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
-  dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
+__device__ void moe_router_shared(const Ctx& cx, const Smem& sm, bool ahead) {
   Job jobs[N_SHARED];
   jobs_moe_shared(cx, jobs);
+  if (!ahead) issue_first(jobs, N_SHARED, sm);
+  stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
+  dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
   run_jobs(jobs, N_SHARED, cx, sm);
 }
 
 // Routed experts' gate/up -> SwiGLU activations, one paired job per selected expert.
+// The experts are known only after routing: the first chunk is issued here, before staging.
 __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
-  stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   route(cx, sm);
   Job jobs[N_ACTIVE];
   for (int j = 0; j < N_ACTIVE; ++j) {
@@ -923,15 +1029,14 @@ __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
                          cx.splitk() + (size_t)j * KSPLIT_IN * 2 * MOE_INTER,
                          cx.counters + j * tiles_of(MOE_INTER), j);
   }
+  issue_first(jobs, N_ACTIVE, sm);
+  stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   run_jobs(jobs, N_ACTIVE, cx, sm);
 }
 
 // Down projections of every routed (weighted) and shared expert into one reduction, then the
-// second residual add.
-__device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
-  stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
-  route(cx, sm);
-  Job jobs[N_SLOTS];
+// second residual add. Needs the routing in shared memory (route()).
+__device__ void jobs_moe_down(const Ctx& cx, const Smem& sm, Job* jobs) {
   for (int j = 0; j < N_SLOTS; ++j) {
     const bool routed = j < N_ACTIVE;
     const Mat m = routed ? expert_mat(cx.L->expert[2], sm.sel_e()[j], MOE_INTER, HIDDEN)
@@ -942,6 +1047,14 @@ __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
     jobs[j].slot0 = j * KSPLIT_DOWN;
     jobs[j].nslots = N_SLOTS * KSPLIT_DOWN;
   }
+}
+
+__device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
+  route(cx, sm);
+  Job jobs[N_SLOTS];
+  jobs_moe_down(cx, sm, jobs);
+  if (!ahead) issue_first(jobs, N_SLOTS, sm);
+  stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
   run_jobs(jobs, N_SLOTS, cx, sm);
 }
 
@@ -974,16 +1087,21 @@ __device__ Ctx layer_ctx(const KimiParams& p, int l) {
   return cx;
 }
 
-// Before a barrier: warm L2 with the next phase's weights (they do not depend on activations).
-__device__ void prefetch_next_attention(const KimiParams& p, int l) {
+// Before a barrier: put the next phase's first weight chunk in flight (weights do not depend on
+// activations), so it lands while the grid synchronises.
+__device__ void prefetch(const Job* jobs, int njobs, const Smem& sm) {
+  if (PREFETCH) issue_first(jobs, njobs, sm);
+}
+
+__device__ void prefetch_next_attention(const KimiParams& p, int l, const Smem& sm) {
   const Ctx cx = layer_ctx(p, l);
   Job jobs[4];
   if (is_mla_layer(l)) {
     jobs_mla_project(cx, jobs);
-    prefetch_jobs(jobs, 2);
+    prefetch(jobs, 2, sm);
   } else {
     jobs_kda_project(cx, jobs);
-    prefetch_jobs(jobs, 4);
+    prefetch(jobs, 4, sm);
   }
 }
 
@@ -993,33 +1111,38 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
   grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem sm{smem_raw};
-  Job next[N_SHARED];
+  Job next[N_SLOTS];
 #pragma unroll 1
   for (int l = 0; l < NUM_LAYERS; ++l) {
     const Ctx cx = layer_ctx(p, l);
     const bool attn = !SKIP_ATTN, moe = !SKIP_MOE;   // profiling switches (-DSKIP_...=1), never knobs
+    const bool ahead = PREFETCH && l > 0;             // the previous layer issued this layer's first chunk
     if (is_mla_layer(l)) {
-      if (attn) mla_project(cx, sm);              grid.sync();   // q (+RoPE), cache row append (+RoPE)
+      if (attn) mla_project(cx, sm, ahead);       grid.sync();   // q (+RoPE), cache row append (+RoPE)
       if (attn) mla_absorb_q(cx, sm);             grid.sync();   // q_eff = W_uk^T q_nope
       if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
       if (attn) mla_merge_absorb_v(cx, sm);                      // merge splits, o = ctx W_uv
-      jobs_out_proj(cx, next, 3, MLA_O_K);        prefetch_jobs(next, 1);
+      jobs_out_proj(cx, next, 3, MLA_O_K);        prefetch(next, 1, sm);
       grid.sync();
-      if (attn) attn_out_proj(cx, sm, 3, MLA_O_K);               // hidden = x + o W_o
+      if (attn) attn_out_proj(cx, sm, 3, MLA_O_K, PREFETCH);     // hidden = x + o W_o
     } else {
-      if (attn) kda_project(cx, sm);              grid.sync();   // q,k,v (+conv), g, beta
+      if (attn) kda_project(cx, sm, ahead);       grid.sync();   // q,k,v (+conv), g, beta
       if (attn) kda_delta(cx, sm);                               // S update, o = S^T q
-      jobs_out_proj(cx, next, 4, C_KDA);          prefetch_jobs(next, 1);
+      jobs_out_proj(cx, next, 4, C_KDA);          prefetch(next, 1, sm);
       grid.sync();
-      if (attn) attn_out_proj(cx, sm, 4, C_KDA);                 // hidden = x + o W_o
+      if (attn) attn_out_proj(cx, sm, 4, C_KDA, PREFETCH);       // hidden = x + o W_o
     }
-    jobs_moe_shared(cx, next);                    prefetch_jobs(next, N_SHARED);
+    jobs_moe_shared(cx, next);                    prefetch(next, N_SHARED, sm);
     grid.sync();
-    if (moe) moe_router_shared(cx, sm);           grid.sync();   // router logits, shared SwiGLU
-    if (moe) moe_routed_gate_up(cx, sm);          grid.sync();   // top-k, routed SwiGLU
-    if (moe) moe_down_residual(cx, sm);                          // hidden += sum_e w_e down_e
+    if (moe) moe_router_shared(cx, sm, PREFETCH); grid.sync();   // router logits, shared SwiGLU
+    if (moe) {                                                   // top-k, routed SwiGLU
+      moe_routed_gate_up(cx, sm);
+      jobs_moe_down(cx, sm, next);                prefetch(next, N_SLOTS, sm);
+    }
+    grid.sync();
+    if (moe) moe_down_residual(cx, sm, PREFETCH);                // hidden += sum_e w_e down_e
     if (l + 1 < NUM_LAYERS) {
-      prefetch_next_attention(p, l + 1);
+      prefetch_next_attention(p, l + 1, sm);
       grid.sync();
     }
   }

@@ -200,6 +200,8 @@ class MegakernelModel(KimiBlocks):
                 raise ValueError("all MLA layers must hold the same number of cached tokens")
             ctx = n
             self._layer_params[i].c_kv, self._layer_params[i].k_rope = ckv.data_ptr(), krope.data_ptr()
+        if hidden.data_ptr() % 16:   # the kernel reads the input with 16-byte loads
+            hidden = hidden.clone()
         out = self._ring[self._ring_next[0]]
         self._ring_next[0] ^= 1
         p.hidden_in = hidden.data_ptr()
