@@ -123,7 +123,9 @@ constexpr size_t SM_XH = 0;                                               // hal
 constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[WARPS*TILE]
 constexpr size_t SM_SUMS = SM_RED + 4 * (size_t)WARPS * TILE;             // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
-constexpr size_t SM_RING = SM_MISC + ((256 + 4 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // 2 ring slots
+constexpr size_t SM_JOBS = SM_MISC + ((256 + 4 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
+constexpr size_t JOBS_BYTES = 2048;
+constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
 constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
 static_assert(X_MAX % 8 == 0 && HIDDEN % 8 == 0, "16-byte staging loads");
 constexpr int QE_STRIDE = KV_LORA + 4;                                    // floats, bank-shifted rows
@@ -212,6 +214,7 @@ struct Smem {
   __device__ float* sel_w() const { return reinterpret_cast<float*>(base + SM_MISC + 16 + 4 * 16); }
   __device__ float* logits() const { return reinterpret_cast<float*>(base + SM_MISC + 256); }
   __device__ unsigned char* ring(int slot) const { return base + SM_RING + slot * RING_SLOT; }
+  __device__ struct Job* jobs() const { return reinterpret_cast<struct Job*>(base + SM_JOBS); }
 };
 
 // Everything a phase needs: the parameter block, this layer, and typed views of the scratch.
@@ -222,6 +225,7 @@ struct Ctx {
   float* scratch;
   unsigned* counters;
   int ctx_len;
+  int layer;
   __device__ float* qkvg() const { return scratch + OFF_QKVG; }
   __device__ float* beta() const { return scratch + OFF_BETA; }
   __device__ float* attn_o() const { return scratch + OFF_ATTN_O; }
@@ -363,6 +367,8 @@ __device__ void reduce_tile(float* acc, float* red, float* out) {
 // ================================ jobs, units and epilogues ================================
 
 enum Epi { EPI_CONV, EPI_DECAY, EPI_RESIDUAL, EPI_SWIGLU, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
+enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
+__device__ int job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
 
 struct Mat {
   const unsigned char* wq;
@@ -382,6 +388,8 @@ struct Job {
   unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
   int epi, aux;
 };
+
+static_assert(N_SLOTS * sizeof(Job) <= JOBS_BYTES, "job table must fit its shared-memory area");
 
 __device__ Mat mat_of(const QW& q) { return Mat{q.wq, q.sc, q.zr}; }
 __device__ Mat expert_mat(const QW& q, int e, int K, int N) {
@@ -582,7 +590,7 @@ __device__ void issue_chunk(const Job* jobs, Chunk c, unsigned char* slot) {
 
 // Put this block's first chunk of `jobs` in flight (into slot 0). Called before the barrier that
 // precedes the phase (the next phase's weights are known) or at the start of the phase.
-__device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem& sm) {
+__device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem sm) {
   cp_async_wait<0>();
   __syncthreads();   // slot 0 is free: every earlier use of shared memory is over
   const int total = total_units(jobs, njobs);
@@ -593,7 +601,7 @@ __device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem&
 
 // Run this block's units; the first chunk must be in flight already (issue_first). Chunk i+1 is
 // copied into the other slot while chunk i is computed.
-__device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx& cx, const Smem& sm) {
+__device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, const Smem sm) {
   const int total = total_units(jobs, njobs);
   float acc[16];
 #pragma unroll
@@ -649,12 +657,11 @@ __device__ void jobs_kda_project(const Ctx& cx, Job* jobs) {
 
 // `ahead`: the first weight chunk was issued before the barrier (here and in every GEMV phase below).
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  Job jobs[4];
-  jobs_kda_project(cx, jobs);
-  if (!ahead) issue_first(jobs, 4, sm);
+  const int n = job_table(JS_KDA_PROJECT, cx, sm);
+  if (!ahead) issue_first(sm.jobs(), n, sm);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
   dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
-  run_jobs(jobs, 4, cx, sm);
+  run_jobs(sm.jobs(), n, cx, sm);
 }
 
 // KDA gated delta rule on (head, 16-column slice): S <- S*exp(g); S += beta k (v - S^T k); o = S^T q.
@@ -712,12 +719,12 @@ __device__ void jobs_out_proj(const Ctx& cx, Job* jobs, int slot, int K) {
   jobs[0] = make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, cx.splitk(), cx.counters, EPI_RESIDUAL, 0);
 }
 
-__device__ void attn_out_proj(const Ctx& cx, const Smem& sm, int slot, int K, bool ahead) {
-  Job job;
-  jobs_out_proj(cx, &job, slot, K);
-  if (!ahead) issue_first(&job, 1, sm);
-  stage_floats(cx.attn_o(), K, sm);
-  run_jobs(&job, 1, cx, sm);
+__device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
+  const bool mla = is_mla_layer(cx.layer);
+  const int n = job_table(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm);
+  if (!ahead) issue_first(sm.jobs(), n, sm);
+  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
+  run_jobs(sm.jobs(), n, cx, sm);
 }
 
 // MLA: q (+RoPE on the rope half), kv_a -> latent row and roped key appended at row ctx_len.
@@ -728,11 +735,10 @@ __device__ void jobs_mla_project(const Ctx& cx, Job* jobs) {
 }
 
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  Job jobs[2];
-  jobs_mla_project(cx, jobs);
-  if (!ahead) issue_first(jobs, 2, sm);
+  const int n = job_table(JS_MLA_PROJECT, cx, sm);
+  if (!ahead) issue_first(sm.jobs(), n, sm);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
-  run_jobs(jobs, 2, cx, sm);
+  run_jobs(sm.jobs(), n, cx, sm);
 }
 
 // q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).
@@ -754,7 +760,9 @@ __device__ void mla_absorb_q(const Ctx& cx, const Smem& sm) {
     float zs = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) { a[i] = s[i] * q[seg * 16 + i]; zs += z[i] * a[i]; }
-    for (int r = warp * RW + lane / LPR; r < (warp + 1) * RW; r += RPS) {
+#pragma unroll
+    for (int it = 0; it < RW / RPS; ++it) {   // unrolled: every row's load is in flight at once
+      const int r = warp * RW + lane / LPR + it * RPS;
       const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + (size_t)r * KVB_N + col));
       const unsigned v[4] = {wv.x, wv.y, wv.z, wv.w};
       float lo = -zs, hi = -zs;
@@ -910,22 +918,29 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
       msum[s] = __ldcg(part + 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (warp == 0) {
       float M = NEG_INF;
-      for (int s = 0; s < nsplit; ++s) M = fmaxf(M, wts[s]);
+      for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, wts[s]);
+      M = warp_max(M);
       float L = 0.0f;
-      for (int s = 0; s < nsplit; ++s) {
+      for (int s = lane; s < nsplit; s += 32) {
         wts[s] = wts[s] == NEG_INF ? 0.0f : expf(wts[s] - M);
         L += wts[s] * msum[s];
       }
-      *tot = L;
+      L = warp_sum(L);
+      if (lane == 0) *tot = L;
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < KV_LORA; c += THREADS) {
-      float v = 0.0f;
-#pragma unroll 8
-      for (int s = 0; s < nsplit; ++s) v += wts[s] * __ldcg(cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE + 2 + c);
-      ctx[c] = v / *tot;
+    for (int c2 = threadIdx.x; c2 < KV_LORA / 2; c2 += THREADS) {
+      float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll 16
+      for (int s = 0; s < nsplit; ++s) {
+        const float2 x = __ldcg(reinterpret_cast<const float2*>(cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE + 2) + c2);
+        v.x += wts[s] * x.x;
+        v.y += wts[s] * x.y;
+      }
+      ctx[2 * c2] = v.x / *tot;
+      ctx[2 * c2 + 1] = v.y / *tot;
     }
     __syncthreads();
     const int col = h * KVB_HEAD + QK_NOPE + seg * 16;
@@ -937,7 +952,9 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
     unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + (size_t)g * KVB_N + col + 8)), z + 8);
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-    for (int r = warp * RW + lane / LPR; r < (warp + 1) * RW; r += RPS) {
+#pragma unroll
+    for (int it = 0; it < RW / RPS; ++it) {   // unrolled: every row's load is in flight at once
+      const int r = warp * RW + lane / LPR + it * RPS;
       const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + (size_t)r * KVB_N + col));
       const unsigned v[4] = {wv.x, wv.y, wv.z, wv.w};
       const float x0 = ctx[2 * r], x1 = ctx[2 * r + 1];
@@ -1009,19 +1026,16 @@ __device__ void jobs_moe_shared(const Ctx& cx, Job* jobs) {
 }
 
 __device__ void moe_router_shared(const Ctx& cx, const Smem& sm, bool ahead) {
-  Job jobs[N_SHARED];
-  jobs_moe_shared(cx, jobs);
-  if (!ahead) issue_first(jobs, N_SHARED, sm);
+  const int n = job_table(JS_SHARED, cx, sm);
+  if (!ahead) issue_first(sm.jobs(), n, sm);
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
-  run_jobs(jobs, N_SHARED, cx, sm);
+  run_jobs(sm.jobs(), n, cx, sm);
 }
 
 // Routed experts' gate/up -> SwiGLU activations, one paired job per selected expert.
-// The experts are known only after routing: the first chunk is issued here, before staging.
-__device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
-  route(cx, sm);
-  Job jobs[N_ACTIVE];
+// Routed experts' gate/up -> SwiGLU activations, one paired job per selected expert (needs route()).
+__device__ void jobs_moe_routed(const Ctx& cx, const Smem& sm, Job* jobs) {
   for (int j = 0; j < N_ACTIVE; ++j) {
     const int e = sm.sel_e()[j];
     jobs[j] = paired_job(expert_mat(cx.L->expert[0], e, HIDDEN, MOE_INTER),
@@ -1029,9 +1043,15 @@ __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
                          cx.splitk() + (size_t)j * KSPLIT_IN * 2 * MOE_INTER,
                          cx.counters + j * tiles_of(MOE_INTER), j);
   }
-  issue_first(jobs, N_ACTIVE, sm);
+}
+
+// The experts are known only after routing: the first chunk is issued here, before staging.
+__device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
+  route(cx, sm);
+  const int n = job_table(JS_ROUTED, cx, sm);
+  issue_first(sm.jobs(), n, sm);
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
-  run_jobs(jobs, N_ACTIVE, cx, sm);
+  run_jobs(sm.jobs(), n, cx, sm);
 }
 
 // Down projections of every routed (weighted) and shared expert into one reduction, then the
@@ -1051,11 +1071,31 @@ __device__ void jobs_moe_down(const Ctx& cx, const Smem& sm, Job* jobs) {
 
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
   route(cx, sm);
-  Job jobs[N_SLOTS];
-  jobs_moe_down(cx, sm, jobs);
-  if (!ahead) issue_first(jobs, N_SLOTS, sm);
+  const int n = job_table(JS_DOWN, cx, sm);
+  if (!ahead) issue_first(sm.jobs(), n, sm);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
-  run_jobs(jobs, N_SLOTS, cx, sm);
+  run_jobs(sm.jobs(), n, cx, sm);
+}
+
+// A phase's job table, built by thread 0 in shared memory (local-memory tables cost an L2 round
+// trip per read once shared memory has taken most of L1). Returns the number of jobs.
+__device__ int job_table(JobSet set, const Ctx& cx, const Smem& sm) {
+  Job* jobs = sm.jobs();
+  __syncthreads();   // earlier readers of the table are done
+  if (threadIdx.x == 0) {
+    switch (set) {
+      case JS_KDA_PROJECT: jobs_kda_project(cx, jobs); break;
+      case JS_KDA_OUT: jobs_out_proj(cx, jobs, 4, C_KDA); break;
+      case JS_MLA_PROJECT: jobs_mla_project(cx, jobs); break;
+      case JS_MLA_OUT: jobs_out_proj(cx, jobs, 3, MLA_O_K); break;
+      case JS_SHARED: jobs_moe_shared(cx, jobs); break;
+      case JS_ROUTED: jobs_moe_routed(cx, sm, jobs); break;
+      case JS_DOWN: jobs_moe_down(cx, sm, jobs); break;
+    }
+  }
+  __syncthreads();
+  constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_ACTIVE, N_SLOTS};
+  return sizes[set];
 }
 
 // ================================ the schedule ================================
@@ -1084,25 +1124,14 @@ __device__ Ctx layer_ctx(const KimiParams& p, int l) {
   cx.scratch = reinterpret_cast<float*>(p.scratch);
   cx.counters = p.counters;
   cx.ctx_len = p.ctx_len;
+  cx.layer = l;
   return cx;
 }
 
 // Before a barrier: put the next phase's first weight chunk in flight (weights do not depend on
 // activations), so it lands while the grid synchronises.
-__device__ void prefetch(const Job* jobs, int njobs, const Smem& sm) {
-  if (PREFETCH) issue_first(jobs, njobs, sm);
-}
-
-__device__ void prefetch_next_attention(const KimiParams& p, int l, const Smem& sm) {
-  const Ctx cx = layer_ctx(p, l);
-  Job jobs[4];
-  if (is_mla_layer(l)) {
-    jobs_mla_project(cx, jobs);
-    prefetch(jobs, 2, sm);
-  } else {
-    jobs_kda_project(cx, jobs);
-    prefetch(jobs, 4, sm);
-  }
+__device__ void prefetch(JobSet set, const Ctx& cx, const Smem& sm) {
+  if (PREFETCH) issue_first(sm.jobs(), job_table(set, cx, sm), sm);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
@@ -1111,7 +1140,6 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
   grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem sm{smem_raw};
-  Job next[N_SLOTS];
 #pragma unroll 1
   for (int l = 0; l < NUM_LAYERS; ++l) {
     const Ctx cx = layer_ctx(p, l);
@@ -1122,27 +1150,24 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
       if (attn) mla_absorb_q(cx, sm);             grid.sync();   // q_eff = W_uk^T q_nope
       if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
       if (attn) mla_merge_absorb_v(cx, sm);                      // merge splits, o = ctx W_uv
-      jobs_out_proj(cx, next, 3, MLA_O_K);        prefetch(next, 1, sm);
-      grid.sync();
-      if (attn) attn_out_proj(cx, sm, 3, MLA_O_K, PREFETCH);     // hidden = x + o W_o
+      prefetch(JS_MLA_OUT, cx, sm);               grid.sync();
     } else {
       if (attn) kda_project(cx, sm, ahead);       grid.sync();   // q,k,v (+conv), g, beta
       if (attn) kda_delta(cx, sm);                               // S update, o = S^T q
-      jobs_out_proj(cx, next, 4, C_KDA);          prefetch(next, 1, sm);
-      grid.sync();
-      if (attn) attn_out_proj(cx, sm, 4, C_KDA, PREFETCH);       // hidden = x + o W_o
+      prefetch(JS_KDA_OUT, cx, sm);               grid.sync();
     }
-    jobs_moe_shared(cx, next);                    prefetch(next, N_SHARED, sm);
-    grid.sync();
+    if (attn) attn_out_proj(cx, sm, PREFETCH);                   // hidden = x + o W_o
+    prefetch(JS_SHARED, cx, sm);                  grid.sync();
     if (moe) moe_router_shared(cx, sm, PREFETCH); grid.sync();   // router logits, shared SwiGLU
     if (moe) {                                                   // top-k, routed SwiGLU
       moe_routed_gate_up(cx, sm);
-      jobs_moe_down(cx, sm, next);                prefetch(next, N_SLOTS, sm);
+      prefetch(JS_DOWN, cx, sm);
     }
     grid.sync();
     if (moe) moe_down_residual(cx, sm, PREFETCH);                // hidden += sum_e w_e down_e
     if (l + 1 < NUM_LAYERS) {
-      prefetch_next_attention(p, l + 1, sm);
+      const Ctx nx = layer_ctx(p, l + 1);
+      prefetch(is_mla_layer(l + 1) ? JS_MLA_PROJECT : JS_KDA_PROJECT, nx, sm);
       grid.sync();
     }
   }
