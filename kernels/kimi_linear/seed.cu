@@ -632,11 +632,21 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
 __device__ void dense_rows(const bf16* W, int rows, const __half* xh, float* out, bool apply_sigmoid) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gw = (gridDim.x - 1 - blockIdx.x) * WARPS + warp;
+  constexpr int ITERS = (HIDDEN + 255) / 256;
   for (int r = gw; r < rows; r += gridDim.x * WARPS) {
+    uint4 raw[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {   // every load of the row in flight before the first use
+      const int k = lane * 8 + it * 256;
+      raw[it] = k < HIDDEN ? __ldcs(reinterpret_cast<const uint4*>(W + (size_t)r * HIDDEN + k)) : make_uint4(0, 0, 0, 0);
+    }
     float s = 0.0f;
-    for (int k = lane * 8; k < HIDDEN; k += 256) {
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int k = lane * 8 + it * 256;
+      if (k >= HIDDEN) continue;
       float wv[8];
-      unpack8(__ldcs(reinterpret_cast<const uint4*>(W + (size_t)r * HIDDEN + k)), wv);
+      unpack8(raw[it], wv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) s += wv[i] * __half2float(xh[k + i]);
     }
@@ -808,7 +818,8 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
   const int nsplit = attn_splits(tokens);
   const int per = (tokens + nsplit - 1) / nsplit;
   const int units = nsplit * (MLA_H / ATT_HG);
-  const int ph = threadIdx.x / TPH, cbase = (threadIdx.x % TPH) * CPT;   // P*V ownership
+  // P*V ownership: head ph, column pairs 2*lt + 2*TPH*j (consecutive lanes read consecutive words)
+  const int ph = threadIdx.x / TPH, lt = threadIdx.x % TPH;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int split = u / (MLA_H / ATT_HG), h0 = (u % (MLA_H / ATT_HG)) * ATT_HG;
     const int t0 = split * per, t1 = min(tokens, t0 + per);
@@ -839,7 +850,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
         const int hh = idx % ATT_HG, l = idx / ATT_HG;
         float s = NEG_INF;
         if (tt + l < t1) {
-          float dot = 0.0f, dotr = 0.0f;
+          float dot = 0.0f, dot2 = 0.0f, dotr = 0.0f;   // two chains: half the FMA latency
           const float* qrow = qe + hh * QE_STRIDE;
           const bf16* crow = ck + l * CK_STRIDE;
           for (int c = 0; c < KV_LORA; c += 8) {
@@ -848,7 +859,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
             const float4 q0 = *reinterpret_cast<const float4*>(qrow + c);
             const float4 q1 = *reinterpret_cast<const float4*>(qrow + c + 4);
             dot += q0.x * cv[0] + q0.y * cv[1] + q0.z * cv[2] + q0.w * cv[3];
-            dot += q1.x * cv[4] + q1.y * cv[5] + q1.z * cv[6] + q1.w * cv[7];
+            dot2 += q1.x * cv[4] + q1.y * cv[5] + q1.z * cv[6] + q1.w * cv[7];
           }
           const bf16* rrow = kr + l * KR_STRIDE;
           for (int c = 0; c < QK_ROPE; c += 8) {
@@ -857,7 +868,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) dotr += qr[hh * QK_ROPE + c + i] * rv[i];
           }
-          s = (dot + dotr) * scale;
+          s = (dot + dot2 + dotr) * scale;
         }
         sc[hh * ATT_TT + l] = s;
       }
@@ -882,12 +893,12 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
       for (int i = 0; i < CPT; ++i) acc[i] *= alpha;
       for (int l = 0; l < ATT_TT; ++l) {
         const float pr = sc[ph * ATT_TT + l];
-        const bf16* crow = ck + l * CK_STRIDE + cbase;
+        const __nv_bfloat162* crow = reinterpret_cast<const __nv_bfloat162*>(ck + l * CK_STRIDE) + lt;
 #pragma unroll
-        for (int i = 0; i < CPT; i += 2) {
-          const float2 cv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(crow + i));
-          acc[i] += pr * cv.x;
-          acc[i + 1] += pr * cv.y;
+        for (int j = 0; j < CPT / 2; ++j) {
+          const float2 cv = __bfloat1622float2(crow[j * TPH]);
+          acc[2 * j] += pr * cv.x;
+          acc[2 * j + 1] += pr * cv.y;
         }
       }
       __syncthreads();
@@ -895,7 +906,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
     float* out = cx.apart() + ((size_t)split * MLA_H + h0 + ph) * APART_STRIDE;
     if (threadIdx.x % TPH == 0) { out[0] = stat[ph]; out[1] = stat[ATT_HG + ph]; }
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) out[2 + cbase + i] = acc[i];
+    for (int j = 0; j < CPT / 2; ++j) reinterpret_cast<float2*>(out + 2)[lt + j * TPH] = make_float2(acc[2 * j], acc[2 * j + 1]);
     __syncthreads();
   }
 }
@@ -980,25 +991,37 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
 }
 
 // MoE routing from the bf16 router logits: softmax in fp32, top-k (ties to the lower index),
-// weights renormalised and scaled. Every block computes it redundantly (no barrier needed).
+// weights renormalised and scaled. Every block computes it redundantly (no barrier needed): one
+// thread per logit, warp reductions for the max and the sum, O(E) rank count per thread.
 __device__ void route(const Ctx& cx, const Smem& sm) {
-  const int e = threadIdx.x;
+  constexpr int EW = (N_EXPERTS + 31) / 32;   // warps holding logits
+  const int e = threadIdx.x, lane = e & 31;
   float* lg = sm.logits();
+  float* red = sm.red();
   if (e < N_ACTIVE) { sm.sel_e()[e] = 0; sm.sel_w()[e] = 0.0f; }   // NaN logits must not index out of range
-  if (e < N_EXPERTS) lg[e] = __ldcg(cx.logits() + e);              // one L2 read per logit, then shared memory
+  const float mine = e < N_EXPERTS ? __ldcg(cx.logits() + e) : NEG_INF;
+  if (e < N_EXPERTS) lg[e] = mine;
+  const float wmax = warp_max(mine);
+  if (lane == 0 && e < 32 * EW) red[e >> 5] = wmax;
   __syncthreads();
+  float mx = NEG_INF;
+#pragma unroll
+  for (int w = 0; w < EW; ++w) mx = fmaxf(mx, red[w]);
+  const float ex = e < N_EXPERTS ? expf(mine - mx) : 0.0f;
+  const float wsum = warp_sum(ex);
+  __syncthreads();   // the maxima are read
+  if (lane == 0 && e < 32 * EW) red[e >> 5] = wsum;
+  __syncthreads();
+  float denom = 0.0f;
+#pragma unroll
+  for (int w = 0; w < EW; ++w) denom += red[w];
   if (e < N_EXPERTS) {
-    const float mine = lg[e];
-    float mx = NEG_INF;
-    for (int j = 0; j < N_EXPERTS; ++j) mx = fmaxf(mx, lg[j]);
-    float denom = 0.0f;
     int rank = 0;
     for (int j = 0; j < N_EXPERTS; ++j) {
       const float lj = lg[j];
-      denom += expf(lj - mx);
       rank += (lj > mine) || (lj == mine && j < e);
     }
-    if (rank < N_ACTIVE) { sm.sel_e()[rank] = e; sm.sel_w()[rank] = expf(mine - mx) / denom; }
+    if (rank < N_ACTIVE) { sm.sel_e()[rank] = e; sm.sel_w()[rank] = ex / denom; }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -1055,7 +1078,7 @@ __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
 }
 
 // Down projections of every routed (weighted) and shared expert into one reduction, then the
-// second residual add. Needs the routing in shared memory (route()).
+// second residual add. Needs this block's routing in shared memory (route() in the gate/up phase).
 __device__ void jobs_moe_down(const Ctx& cx, const Smem& sm, Job* jobs) {
   for (int j = 0; j < N_SLOTS; ++j) {
     const bool routed = j < N_ACTIVE;
@@ -1069,8 +1092,8 @@ __device__ void jobs_moe_down(const Ctx& cx, const Smem& sm, Job* jobs) {
   }
 }
 
+// The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
-  route(cx, sm);
   const int n = job_table(JS_DOWN, cx, sm);
   if (!ahead) issue_first(sm.jobs(), n, sm);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
