@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session reexec compare stamps phases
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session session_bg session_wait reexec compare stamps phases
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -43,6 +43,16 @@ for step in "$@"; do
       timeout 540 python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-6m}" --out "$d" \
         ${SESSION_KERNEL:+--kernel "$SESSION_KERNEL"} 2>&1 | tail -30
       mkdir -p "$OUT/session"; cp "$d"/trace.jsonl "$d"/report.html "$OUT/session/" ;;
+    session_bg)  # the same session, detached (setsid) so that it outlives this call; `session_wait` collects it
+      rm -rf /tmp/mk-session; mkdir -p /tmp/mk-session
+      setsid nohup python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-10m}" --out /tmp/mk-session/out \
+        ${SESSION_KERNEL:+--kernel "$SESSION_KERNEL"} > /tmp/mk-session/log 2>&1 < /dev/null &
+      echo "session started (pid $!)" ;;
+    session_wait)
+      while pgrep -f "run_agent.py run" > /dev/null; do sleep 5; done
+      tail -40 /tmp/mk-session/log
+      mkdir -p "$OUT/session"; cp /tmp/mk-session/log "$OUT/session/session.log"
+      cp /tmp/mk-session/out/trace.jsonl /tmp/mk-session/out/best.cu "$OUT/session/" ;;
     reexec) timeout 300 python3 run_agent.py replay runs/example-session/trace.jsonl --reexecute --kept-only 2>&1 | tail -30 ;;
     compare) timeout 300 python3 run_agent.py compare kernels/w4a16_gemv/seed.cu \
         kernels/w4a16_gemv/seed.cu:KSPLIT=32,THREADS=128 --task w4a16_gemv --rounds 3 --diff 2>&1 | tail -30 ;;
