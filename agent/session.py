@@ -74,14 +74,24 @@ class SessionSummary(BaseModel):
     llm_cost_usd: float = 0.0
 
 
-def environment(device) -> Environment:
+def project_commit() -> str:
+    """The commit the code under test comes from: MK_PROJECT_COMMIT when the caller states it (a copied
+    tree's .git can be stale), else git's HEAD, marked "-dirty" when tracked files differ from it."""
+    stated = os.environ.get("MK_PROJECT_COMMIT")
+    if stated:
+        return stated
     try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        commit = proc.stdout.strip() if proc.returncode == 0 else ""
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", head.stdout.strip()):
+            return "unknown"
+        diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        commit = ""
-    if not re.fullmatch(r"[0-9a-f]{40}", commit):  # a copied tree without .git: the caller may say it
-        commit = os.environ.get("MK_PROJECT_COMMIT", "unknown")
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if diff.returncode != 0 else "")
+
+
+def environment(device) -> Environment:
+    commit = project_commit()
     packages = {}
     for name in ("pydantic", "anthropic", "tenacity", "rich", "matplotlib"):
         try:

@@ -1,9 +1,11 @@
 """The session loop with a scripted sandbox: keep/revert, failures of every class, budget, Ctrl-C, resume."""
 
+import subprocess
 import time
 
 import pytest
 
+import agent.session as session_mod
 from agent.planners.base import PlannedVersion, Planner, PlannerExhausted
 from agent.planners.tuner import TunerPlanner
 from agent.session import Session, StartError
@@ -61,6 +63,21 @@ def test_tuner_finds_the_optimum_of_a_synthetic_objective_without_repeats(tmp_pa
     assert (tmp_path / "best.cu").read_text().startswith("// @knob A 4 ")
     trace = load(tmp_path / "trace.jsonl")
     assert trace.events[-1].type == "session_end"
+
+
+def test_tuner_tries_two_knobs_at_once_when_no_single_move_helps(tmp_path):
+    def coupled(cand, _opts):   # moving A or B alone costs 2; moving both to (3, 16) gains 6
+        k = cand.resolved_knobs()
+        return timed(cand, 100.0 + 2 * (k["A"] != 2) + 2 * (k["B"] != 8) - 10 * (k["A"] == 3 and k["B"] == 16))
+
+    s = session(tmp_path, TunerPlanner(seed=0), coupled)
+    summary = s.run()
+    points = [tuple(sorted(c.resolved_knobs().items())) for c, o in s.ev.calls if o.get("check", True)]
+    assert len(points) == len(set(points)), "the tuner repeated an evaluated point"
+    assert s.best.knobs["A"] == 3 and s.best.knobs["B"] == 16
+    assert "two-knob" in summary.reason
+    hyps = [e.hypothesis for e in load(tmp_path / "trace.jsonl").events if e.type == "proposal"]
+    assert any("A 2->3 and B 8->16 together" in h for h in hyps)
 
 
 def test_tuner_is_deterministic_for_a_seed(tmp_path):
@@ -158,3 +175,23 @@ def test_declared_knobs_reach_the_planner(tmp_path):
 
     session(tmp_path, Spy(), synthetic).run()
     assert seen == {"knobs": [k.name for k in parse_knobs(SRC)], "best": {"A": 2, "B": 8, "C": 0}}
+
+
+def test_project_commit_prefers_the_stated_commit_and_marks_a_dirty_tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("MK_PROJECT_COMMIT", "f" * 40)
+    assert session_mod.project_commit() == "f" * 40
+    monkeypatch.delenv("MK_PROJECT_COMMIT")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "f.txt").write_text("a")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    monkeypatch.setattr(session_mod, "ROOT", repo)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert session_mod.project_commit() == head
+    (repo / "f.txt").write_text("b")
+    assert session_mod.project_commit() == head + "-dirty"
+    monkeypatch.setattr(session_mod, "ROOT", tmp_path / "nowhere")
+    assert session_mod.project_commit() == "unknown"
