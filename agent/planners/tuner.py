@@ -1,9 +1,11 @@
 """Offline tuner: coordinate descent over the declared knobs, never repeating an evaluated point.
 
 From the best point it tries, knob by knob, every other declared value (nearest first). A kept
-candidate moves the best point, so the next proposals explore around it. When a full sweep of
-every knob around the best point finds nothing new, it stops. Deterministic for a given seed (the
-seed only rotates which knob goes first).
+candidate moves the best point, so the next proposals explore around it. When every single-knob
+move around the best point has been evaluated, it tries two knobs at once, each one declared value
+up or down (knobs interact: a work split that pays only with another grid shape is invisible to
+one-knob moves). When those are exhausted too, it stops. Deterministic for a given seed (the seed
+only rotates which knob goes first).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ class TunerPlanner(Planner):
         self.seed = seed
 
     def settings(self) -> dict:
-        return {"seed": self.seed, "strategy": "coordinate descent, nearest values first"}
+        return {"seed": self.seed,
+                "strategy": "coordinate descent, nearest values first; then two-knob adjacent steps"}
 
     def propose(self, view: PlannerView) -> PlannedVersion:
         best = dict(view.best_knobs)
@@ -31,7 +34,8 @@ class TunerPlanner(Planner):
         if not knobs:
             raise PlannerExhausted("the kernel declares no knobs")
         start = self.seed % len(knobs)
-        for knob in knobs[start:] + knobs[:start]:
+        order = knobs[start:] + knobs[:start]
+        for knob in order:
             cur = best.get(knob.name, knob.default)
             pos = knob.values.index(cur) if cur in knob.values else 0
             for value in sorted(knob.values, key=lambda v: (abs(knob.values.index(v) - pos), v)):
@@ -46,8 +50,37 @@ class TunerPlanner(Planner):
                                f"{view.best_id}",
                     predicted_change="unknown sign; kept only if faster beyond noise at every context",
                 )
-        raise PlannerExhausted("every knob value around the best point has been evaluated (local optimum)")
+        for i, a in enumerate(order):
+            for b in order[i + 1:]:
+                for point, moves in _pair_steps(best, a, b):
+                    if _point(point) in seen:
+                        continue
+                    return PlannedVersion(
+                        source=view.best_source, knobs=point,
+                        hypothesis=f"{' and '.join(moves)} together: no single-knob move around the best point "
+                                   f"{view.best_id} helps; these two may interact",
+                        predicted_change="unknown sign; kept only if faster beyond noise at every context",
+                    )
+        raise PlannerExhausted("every one-knob value and two-knob adjacent step around the best point has been "
+                               "evaluated (local optimum)")
 
+
+def _pair_steps(best: dict[str, int], a, b):
+    """Points with knobs a and b each moved one declared value up or down from the best point."""
+    steps = []
+    for da in (-1, 1):
+        for db in (-1, 1):
+            point, moves = dict(best), []
+            for knob, d in ((a, da), (b, db)):
+                cur = best.get(knob.name, knob.default)
+                pos = knob.values.index(cur) if cur in knob.values else 0
+                if not 0 <= pos + d < len(knob.values):
+                    break
+                point[knob.name] = knob.values[pos + d]
+                moves.append(f"{knob.name} {cur}->{point[knob.name]}")
+            else:
+                steps.append((point, moves))
+    return steps
 
 def _point(knobs: dict[str, int]) -> tuple:
     return tuple(sorted(knobs.items()))
