@@ -41,7 +41,8 @@ def reexecute(trace: Trace, ev: Evaluator, kept_only: bool, console: Console) ->
                 rt = next((t for t in recorded.timings if t.ctx == ctx), None) if recorded else None
                 nt = next((t for t in now.timings if t.ctx == ctx), None)
                 row = {"id": vid, "ctx": ctx, "recorded": rec_fail, "now": now_fail,
-                       "recorded_us": rt.median_us if rt else None, "now_us": nt.median_us if nt else None}
+                       "recorded_us": rt.median_us if rt else None, "now_us": nt.median_us if nt else None,
+                       "why": now.failure.message if now.failure else ""}
                 if rt and nt:
                     word, (r, lo, hi) = verdict(rt.samples_us, nt.samples_us, min_gain=0.02)
                     row["drift"] = ("other GPU" if not same_gpu else
@@ -62,3 +63,5 @@ def print_reexecute(trace: Trace, rows: list[dict], console: Console, this_gpu: 
                   f"{r['recorded_us']:.1f}" if r["recorded_us"] else "-", f"{r['now_us']:.1f}" if r["now_us"] else "-",
                   r.get("drift", "-"))
     console.print(t)
+    for vid, why in dict.fromkeys((r["id"], r["why"]) for r in rows if r.get("why")):
+        console.print(f"{vid} now fails: {why}", markup=False)

@@ -3,6 +3,7 @@
 from rich.console import Console
 
 from agent.compare import Version, diff_text, print_compare, run_compare
+from agent.reexecute import print_reexecute, reexecute
 from sandbox.candidate import Candidate
 from traces.loader import load
 from traces.report import write_report
@@ -54,3 +55,15 @@ def test_compare_interleaves_and_judges(tmp_path):
     out = console.export_text()
     assert "knobs: A 1->2" in out and "faster" in out
     assert diff_text(versions[0], versions[3]) == "(identical source and knobs)"
+
+
+def test_reexecute_says_why_a_recorded_version_now_fails(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl"))
+    why = "step seed=7 ctx=3001: tensor out rel_l2=0.19 (max 0.05)"
+    sandbox = FakeSandbox(lambda c, o: failed(c, FailureClass.wrong, message=why) if c.knobs.get("A") == 2
+                          else timed(c, 200.0))
+    rows = reexecute(trace, sandbox, kept_only=True, console=Console())
+    assert {r["id"]: r["now"] for r in rows} == {"seed": "pass", "p1": "wrong"}
+    console = Console(record=True, width=200)
+    print_reexecute(trace, rows, console, "NVIDIA H200")
+    assert f"p1 now fails: {why}" in console.export_text()
