@@ -5,7 +5,9 @@ import torch.nn.functional as F
 
 from sandbox.checks import Checker
 from tasks.base import clone_state
+from tasks.kimi_linear import baseline as base
 from tasks.kimi_linear import reference as ref
+from tasks.kimi_linear.calibrate import calibrate
 from tasks.kimi_linear.config import SMALL
 from tasks.kimi_linear.inputs import build_model, init_state, init_token
 from tasks.kimi_linear.task import KimiTask
@@ -58,3 +60,12 @@ def test_both_sides_of_a_near_tie_pass_and_a_wrong_routing_fails():
     assert "flipped at layer(s) [0]" in verdicts["other side of the tie"].message
     assert all(t.tensor_class != "after_tie" for t in verdicts["other side of the tie"].tensors)
     assert not verdicts["wrong routing"].passed
+
+
+def test_calibration_measures_errors_and_margin_shifts_and_restores_the_models():
+    originals = (ref.moe_step, base.moe_step)
+    errors, shifts = calibrate(KimiTask("small"), seeds=2, ctx=9, device=CPU)
+    assert (ref.moe_step, base.moe_step) == originals
+    assert {"out", "later", "S_first", "conv_first"} <= set(errors)
+    assert all(0.0 <= e < 0.05 for vals in errors.values() for e in vals)
+    assert 2 <= len(shifts) <= 2 * len(SMALL.pattern) and all(s >= 0.0 for s in shifts)
