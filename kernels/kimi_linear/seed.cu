@@ -27,9 +27,9 @@
 // (declared in the order the tuner should try them: work split first, launch shape last).
 // Run: python run_agent.py bench kernels/kimi_linear/seed.cu
 //
-// @knob KSPLIT_IN 9 {3,6,9,18} K slices of the hidden->X GEMVs (more units, more partial traffic)
-// @knob KSPLIT_O 16 {8,16,32} K slices of the attention output projections
-// @knob KSPLIT_DOWN 4 {2,4,8} K slices of each expert's down projection
+// @knob KSPLIT_IN 9 {3,4,6,8,9,12,18} K slices of the hidden->X GEMVs (more units, more partial traffic)
+// @knob KSPLIT_O 16 {4,8,16,32} K slices of the attention output projections
+// @knob KSPLIT_DOWN 4 {1,2,4,8} K slices of each expert's down projection
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
 // @knob ATTN_HEADS 8 {4,8} MLA heads per attention unit (cache re-reads vs parallelism)
 // @knob ATTN_MAX_SPLITS 64 {16,32,64} most context splits per head group in MLA attention
