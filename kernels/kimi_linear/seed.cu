@@ -368,7 +368,7 @@ __device__ void reduce_tile(float* acc, float* red, float* out) {
 
 enum Epi { EPI_CONV, EPI_DECAY, EPI_RESIDUAL, EPI_SWIGLU, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
 enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
-__device__ int job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
+__device__ int begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
 
 struct Mat {
   const unsigned char* wq;
@@ -667,8 +667,7 @@ __device__ void jobs_kda_project(const Ctx& cx, Job* jobs) {
 
 // `ahead`: the first weight chunk was issued before the barrier (here and in every GEMV phase below).
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = job_table(JS_KDA_PROJECT, cx, sm);
-  if (!ahead) issue_first(sm.jobs(), n, sm);
+  const int n = begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
   dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
   run_jobs(sm.jobs(), n, cx, sm);
@@ -731,8 +730,7 @@ __device__ void jobs_out_proj(const Ctx& cx, Job* jobs, int slot, int K) {
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
-  const int n = job_table(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm);
-  if (!ahead) issue_first(sm.jobs(), n, sm);
+  const int n = begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -745,8 +743,7 @@ __device__ void jobs_mla_project(const Ctx& cx, Job* jobs) {
 }
 
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = job_table(JS_MLA_PROJECT, cx, sm);
-  if (!ahead) issue_first(sm.jobs(), n, sm);
+  const int n = begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -1049,14 +1046,12 @@ __device__ void jobs_moe_shared(const Ctx& cx, Job* jobs) {
 }
 
 __device__ void moe_router_shared(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = job_table(JS_SHARED, cx, sm);
-  if (!ahead) issue_first(sm.jobs(), n, sm);
+  const int n = begin_phase(JS_SHARED, cx, sm, ahead);
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
   run_jobs(sm.jobs(), n, cx, sm);
 }
 
-// Routed experts' gate/up -> SwiGLU activations, one paired job per selected expert.
 // Routed experts' gate/up -> SwiGLU activations, one paired job per selected expert (needs route()).
 __device__ void jobs_moe_routed(const Ctx& cx, const Smem& sm, Job* jobs) {
   for (int j = 0; j < N_ACTIVE; ++j) {
@@ -1071,8 +1066,7 @@ __device__ void jobs_moe_routed(const Ctx& cx, const Smem& sm, Job* jobs) {
 // The experts are known only after routing: the first chunk is issued here, before staging.
 __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
   route(cx, sm);
-  const int n = job_table(JS_ROUTED, cx, sm);
-  issue_first(sm.jobs(), n, sm);
+  const int n = begin_phase(JS_ROUTED, cx, sm, false);
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -1094,8 +1088,7 @@ __device__ void jobs_moe_down(const Ctx& cx, const Smem& sm, Job* jobs) {
 
 // The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = job_table(JS_DOWN, cx, sm);
-  if (!ahead) issue_first(sm.jobs(), n, sm);
+  const int n = begin_phase(JS_DOWN, cx, sm, ahead);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -1119,6 +1112,14 @@ __device__ int job_table(JobSet set, const Ctx& cx, const Smem& sm) {
   __syncthreads();
   constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_ACTIVE, N_SLOTS};
   return sizes[set];
+}
+
+// Build the phase's job table and put its first chunk in flight, unless the previous phase already
+// issued that chunk before the barrier (`ahead`). Returns the number of jobs.
+__device__ int begin_phase(JobSet set, const Ctx& cx, const Smem& sm, bool ahead) {
+  const int n = job_table(set, cx, sm);
+  if (!ahead) issue_first(sm.jobs(), n, sm);
+  return n;
 }
 
 // ================================ the schedule ================================
@@ -1154,7 +1155,7 @@ __device__ Ctx layer_ctx(const KimiParams& p, int l) {
 // Before a barrier: put the next phase's first weight chunk in flight (weights do not depend on
 // activations), so it lands while the grid synchronises.
 __device__ void prefetch(JobSet set, const Ctx& cx, const Smem& sm) {
-  if (PREFETCH) issue_first(sm.jobs(), job_table(set, cx, sm), sm);
+  if (PREFETCH) begin_phase(set, cx, sm, false);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
