@@ -25,6 +25,7 @@ from rich.table import Table
 from ..base import Task
 from . import baseline as baseline_mod
 from . import reference as reference_mod
+from .reference import bf16_ulp
 from .task import TIE_ULPS, KimiTask
 
 
@@ -56,7 +57,7 @@ def margin_shifts(cfg, ref_inputs, base_inputs) -> list[float]:
             break
         top = torch.topk(lr, cfg.n_active + 1)
         k, n = top.indices[-2], top.indices[-1]
-        ulp = 2.0 ** (math.floor(math.log2(max(abs(top.values[-2].item()), abs(top.values[-1].item()), 1e-30))) - 7)
+        ulp = bf16_ulp(top.values[-2].item(), top.values[-1].item())
         shifts.append(abs((lr[k] - lr[n]).item() - (lb[k] - lb[n]).item()) / ulp)
         if set(top.indices[:-1].tolist()) != set(torch.topk(lb, cfg.n_active).indices.tolist()):
             break

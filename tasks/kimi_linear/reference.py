@@ -114,6 +114,11 @@ def route(moe: MoE, cfg, x: torch.Tensor, flip: bool = False) -> tuple[torch.Ten
     return w / (w.sum() + 1e-9) * cfg.routed_scaling, idx
 
 
+def bf16_ulp(a: float, b: float) -> float:
+    """One bf16 ulp at the larger magnitude of a and b (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(max(abs(a), abs(b), 1e-30))) - 7)
+
+
 def routing_margin_ulps(moe: MoE, cfg, x: torch.Tensor) -> float:
     """Gap between the k-th and (k+1)-th bf16 router logits, in bf16 ulps at that magnitude.
 
@@ -125,8 +130,7 @@ def routing_margin_ulps(moe: MoE, cfg, x: torch.Tensor) -> float:
         return float("inf")
     top = torch.topk(logits, cfg.n_active + 1).values
     kth, nxt = top[-2].item(), top[-1].item()
-    ulp = 2.0 ** (math.floor(math.log2(max(abs(kth), abs(nxt), 1e-30))) - 7)
-    return (kth - nxt) / ulp
+    return (kth - nxt) / bf16_ulp(kth, nxt)
 
 
 def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None, flip: bool = False) -> torch.Tensor:
