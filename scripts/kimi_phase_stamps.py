@@ -3,6 +3,10 @@
 Each block stamps when it arrives at a grid barrier and when it leaves it. For phase i:
 span = last arrival at barrier i - first release from barrier i-1 (the phase's critical path),
 mean = the average block's own work time, wait = last release - last arrival (the barrier itself).
+Inside each GEMV phase, thread 0 also stamps four events: input staged, first weight chunk landed,
+a unit's sums reduced (the last one counts) and all units done. The second table gives their mean
+offsets from the block's release and the same offsets for the phase's critical block (the last to
+arrive), so the critical path of a phase can be read off event by event.
 Medians over several steps. Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384]
 """
 
@@ -24,7 +28,10 @@ from sandbox.candidate import Candidate  # noqa: E402
 from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
 from tasks.kimi_linear.task import KimiTask  # noqa: E402
 
-MAX_STAMPS, MAX_STAMP_BLOCKS = 128, 1024   # as in the kernel
+MAX_STAMPS, MAX_STAMP_BLOCKS, N_EVENTS = 128, 1024, 4   # as in the kernel
+EVENTS = ["staged", "1st chunk", "computed", "done"]
+STAMP_WORDS = MAX_STAMPS * MAX_STAMP_BLOCKS
+EVENT_WORDS = (MAX_STAMPS // 2) * N_EVENTS * MAX_STAMP_BLOCKS
 KDA_PHASES = ["kda project", "kda delta", "kda o_proj", "router+shared", "routed gate/up", "down"]
 MLA_PHASES = ["mla project", "absorb q", "attention", "merge+absorb v", "mla o_proj", "router+shared",
               "routed gate/up", "down"]
@@ -50,6 +57,33 @@ def step_spans(stamps: torch.Tensor, blocks: int, phases: int) -> list[tuple[flo
     return rows
 
 
+def step_events(stamps: torch.Tensor, events: torch.Tensor, blocks: int, phases: int) -> list[list[float]]:
+    """Per phase: mean event offsets (µs from each block's release), then the critical block's release
+    offset (from the phase's first release), its event offsets and its arrival. NaN where absent."""
+    t = stamps[: 2 * phases, :blocks].double() / 1000.0
+    ev = events[:phases, :, :blocks].double() / 1000.0
+    rows = []
+    for i in range(phases):
+        begin, arrive = t[2 * i], t[2 * i + 1]
+        crit = int(arrive.argmax())
+        row = []
+        for e in range(N_EVENTS):
+            have = ev[i, e] > 0
+            row.append((ev[i, e][have] - begin[have]).mean().item() if have.any() else float("nan"))
+        row.append((begin[crit] - begin.min()).item())
+        for e in range(N_EVENTS):
+            row.append((ev[i, e, crit] - begin[crit]).item() if ev[i, e, crit] > 0 else float("nan"))
+        row.append((arrive[crit] - begin[crit]).item())
+        rows.append(row)
+    return rows
+
+
+def nan_median(values: list[float]) -> float:
+    """Median of the values that are not NaN (NaN if none are)."""
+    have = [v for v in values if v == v]
+    return statistics.median(have) if have else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kernel", nargs="?", default=None)
@@ -65,17 +99,22 @@ def main() -> None:
     names = phase_names(task.cfg.pattern)
     blocks = torch.cuda.get_device_properties(dev).multi_processor_count * int(knobs.get("BLOCKS_PER_SM", 1))
     per_ctx: dict[int, list[list[tuple[float, float, float]]]] = {}
+    per_ctx_events: dict[int, list[list[list[float]]]] = {}
+    tail = model._scratch[-8 * (STAMP_WORDS + EVENT_WORDS):].view(torch.int64)
+    stamps, events = tail[:STAMP_WORDS].view(MAX_STAMPS, MAX_STAMP_BLOCKS), tail[STAMP_WORDS:]
+    events = events.view(MAX_STAMPS // 2, N_EVENTS, MAX_STAMP_BLOCKS)
     for ctx in args.ctx:
         hidden, state = task.make_inputs(0, ctx, dev)
-        runs = []
+        runs, event_runs = [], []
         for i in range(args.steps + 2):
+            events.zero_()
             hidden, state = model.step(hidden, task.rewind(state, ctx))
             torch.cuda.synchronize(dev)
-            raw = model._scratch[-8 * MAX_STAMPS * MAX_STAMP_BLOCKS:].view(torch.int64)
-            raw = raw.view(MAX_STAMPS, MAX_STAMP_BLOCKS)
             if i >= 2:
-                runs.append(step_spans(raw.cpu(), blocks, len(names)))
+                runs.append(step_spans(stamps.cpu(), blocks, len(names)))
+                event_runs.append(step_events(stamps.cpu(), events.cpu(), blocks, len(names)))
         per_ctx[ctx] = runs
+        per_ctx_events[ctx] = event_runs
     t = Table(title=f"Per-phase timeline, µs (median of {args.steps} steps; {blocks} blocks)")
     t.add_column("phase")
     for ctx in args.ctx:
@@ -91,7 +130,22 @@ def main() -> None:
             cells += [f"{v:.1f}" for v in med]
         t.add_row(name, *cells)
     t.add_row("total", *[c for ctx in args.ctx for c in (f"{totals[ctx][0]:.1f}", "", f"{totals[ctx][1]:.1f}")])
-    Console(width=160).print(t)
+    console = Console(width=200)
+    console.print(t)
+    for ctx in args.ctx:
+        e = Table(title=f"Events inside GEMV phases @{ctx}, µs from the block's release (median of {args.steps} steps)")
+        e.add_column("phase")
+        for name in EVENTS:
+            e.add_column(f"mean {name}", justify="right")
+        e.add_column("crit released", justify="right")
+        for name in EVENTS + ["arrived"]:
+            e.add_column(f"crit {name}", justify="right")
+        for i, name in enumerate(names):
+            vals = [nan_median([r[i][k] for r in per_ctx_events[ctx]]) for k in range(2 * N_EVENTS + 2)]
+            if all(v != v for v in vals[:N_EVENTS]):
+                continue
+            e.add_row(name, *["-" if v != v else f"{v:.1f}" for v in vals])
+        console.print(e)
 
 
 if __name__ == "__main__":

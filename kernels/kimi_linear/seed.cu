@@ -52,7 +52,7 @@ namespace cg = cooperative_groups;
 #endif
 #ifndef PHASE_STAMPS
 #define PHASE_STAMPS 0   // profiling switch: each block stamps %globaltimer around every grid barrier
-#endif
+#endif                   // and at four events inside each GEMV phase (see Event)
 
 constexpr int WARPS = THREADS / 32;
 constexpr int TILE = 256;          // output columns per GEMV tile (16 lanes x 16 columns)
@@ -106,8 +106,9 @@ constexpr size_t SPLITK_FLOATS = (size_t)imax(
     imax(imax(4 * KSPLIT_IN * C_KDA, KSPLIT_IN * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
     imax(imax(N_SHARED, N_ACTIVE) * KSPLIT_IN * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
-constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024;
-constexpr size_t SCRATCH_FLOATS = OFF_STAMPS + (PHASE_STAMPS ? 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS : 0);
+constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4;
+constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
+constexpr size_t SCRATCH_FLOATS = PHASE_STAMPS ? OFF_EVENTS + (size_t)MAX_STAMPS * N_EVENTS * MAX_STAMP_BLOCKS : OFF_STAMPS;
 constexpr int COUNTER_WORDS = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +
                               N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN) + 32;
 
@@ -237,6 +238,25 @@ struct Ctx {
   __device__ float* apart() const { return scratch + OFF_APART; }
   __device__ float* splitk() const { return scratch + OFF_SPLITK; }
 };
+
+// Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 right after a __syncthreads.
+enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE };   // input staged, first chunk landed,
+                                                                 // a unit's sums reduced, all units done
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#if PHASE_STAMPS
+__shared__ int stamp_phase;   // the phase this block is in; kept by Barrier::stamp
+#endif
+__device__ __forceinline__ void mark(const Ctx& cx, Event ev) {
+#if PHASE_STAMPS
+  if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2)
+    reinterpret_cast<unsigned long long*>(cx.scratch + OFF_EVENTS)
+        [((size_t)stamp_phase * N_EVENTS + ev) * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
+#endif
+}
 
 // ================================ staging the GEMV input ================================
 
@@ -607,12 +627,15 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
   int slot = 0;
+  bool first = true;
   for (Chunk c = unit_chunk(jobs, total, blockIdx.x); c.unit < total; slot ^= 1) {
     const Chunk nx = next_chunk(jobs, total, c);
     if (nx.unit < total) issue_chunk(jobs, nx, sm.ring(slot ^ 1));
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+    if (first) mark(cx, EV_FIRST_CHUNK);
+    first = false;
     int rem, s0, s1;
     const Job& jb = jobs[job_of(jobs, c.unit, rem)];
     const int tile = rem / jb.ksplit, split = rem % jb.ksplit;
@@ -620,11 +643,15 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
     gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, s1), sm.xh() + jb.x_off, acc);
     if (nx.unit != c.unit || nx.m != c.m) {
       reduce_tile(acc, sm.red(), sm.sums() + c.m * TILE);
-      if (c.m == jb.paired) finish_unit(jb, tile, split, cx, sm);
+      if (c.m == jb.paired) {
+        mark(cx, EV_COMPUTED);
+        finish_unit(jb, tile, split, cx, sm);
+      }
     }
     __syncthreads();   // the slot is read; the next iteration may refill it
     c = nx;
   }
+  mark(cx, EV_DONE);
 }
 
 // bf16 rows (nn.Linear weights, out x in): out[r] = f(bf16(W[r] . x)), one warp per row, run by the
@@ -669,6 +696,7 @@ __device__ void jobs_kda_project(const Ctx& cx, Job* jobs) {
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
   const int n = begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  mark(cx, EV_STAGED);
   dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -732,6 +760,7 @@ __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
   const int n = begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
+  mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
 
@@ -745,6 +774,7 @@ __device__ void jobs_mla_project(const Ctx& cx, Job* jobs) {
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
   const int n = begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
 
@@ -1048,6 +1078,7 @@ __device__ void jobs_moe_shared(const Ctx& cx, Job* jobs) {
 __device__ void moe_router_shared(const Ctx& cx, const Smem& sm, bool ahead) {
   const int n = begin_phase(JS_SHARED, cx, sm, ahead);
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
+  mark(cx, EV_STAGED);
   dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -1068,6 +1099,7 @@ __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
   route(cx, sm);
   const int n = begin_phase(JS_ROUTED, cx, sm, false);
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
+  mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
 
@@ -1090,7 +1122,13 @@ __device__ void jobs_moe_down(const Ctx& cx, const Smem& sm, Job* jobs) {
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
   const int n = begin_phase(JS_DOWN, cx, sm, ahead);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
+  mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
+}
+
+__device__ int job_count(JobSet set) {
+  constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_ACTIVE, N_SLOTS};
+  return sizes[set];
 }
 
 // A phase's job table, built by thread 0 in shared memory (local-memory tables cost an L2 round
@@ -1110,15 +1148,15 @@ __device__ int job_table(JobSet set, const Ctx& cx, const Smem& sm) {
     }
   }
   __syncthreads();
-  constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_ACTIVE, N_SLOTS};
-  return sizes[set];
+  return job_count(set);
 }
 
 // Build the phase's job table and put its first chunk in flight, unless the previous phase already
-// issued that chunk before the barrier (`ahead`). Returns the number of jobs.
+// did both before the barrier (`ahead`). Returns the number of jobs.
 __device__ int begin_phase(JobSet set, const Ctx& cx, const Smem& sm, bool ahead) {
+  if (ahead) return job_count(set);
   const int n = job_table(set, cx, sm);
-  if (!ahead) issue_first(sm.jobs(), n, sm);
+  issue_first(sm.jobs(), n, sm);
   return n;
 }
 
@@ -1130,12 +1168,12 @@ struct Barrier {
   unsigned long long* stamps;
   int n;
   __device__ void stamp() {
-    if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS) {
-      unsigned long long t;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = t;
-    }
+    if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS)
+      stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
     ++n;
+#if PHASE_STAMPS
+    if (threadIdx.x == 0) stamp_phase = n / 2;   // after a release: the index of the phase that begins
+#endif
   }
   __device__ void sync() { stamp(); grid.sync(); stamp(); }
 };
