@@ -38,9 +38,6 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cooperative_groups.h>
-
-namespace cg = cooperative_groups;
 
 // ================================ dimensions and layout ================================
 
@@ -111,6 +108,7 @@ constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BL
 constexpr size_t SCRATCH_FLOATS = PHASE_STAMPS ? OFF_EVENTS + (size_t)MAX_STAMPS * N_EVENTS * MAX_STAMP_BLOCKS : OFF_STAMPS;
 constexpr int COUNTER_WORDS = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +
                               N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN) + 32;
+constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
 
 // Shared memory: one dynamic buffer, carved per phase kind.
 constexpr int X_MAX = imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, N_SLOTS * MOE_INTER));
@@ -1194,22 +1192,6 @@ __device__ int begin_phase(JobSet set, const Ctx& cx, const Smem& sm, bool ahead
 
 // ================================ the schedule ================================
 
-// Grid barrier; with PHASE_STAMPS each block records when it arrived and when it was released.
-struct Barrier {
-  cg::grid_group grid;
-  unsigned long long* stamps;
-  int n;
-  __device__ void stamp() {
-    if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS)
-      stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
-    ++n;
-#if PHASE_STAMPS
-    if (threadIdx.x == 0) stamp_phase = n / 2;   // after a release: the index of the phase that begins
-#endif
-  }
-  __device__ void sync() { stamp(); grid.sync(); stamp(); }
-};
-
 __device__ Ctx layer_ctx(const KimiParams& p, int l) {
   Ctx cx;
   cx.p = &p;
@@ -1222,15 +1204,58 @@ __device__ Ctx layer_ctx(const KimiParams& p, int l) {
   return cx;
 }
 
-// Before a barrier: put the next phase's first weight chunks in flight (weights do not depend on
-// activations), so it lands while the grid synchronises.
+// Put the next phase's first weight chunks in flight (weights do not depend on activations).
 __device__ void prefetch(JobSet set, const Ctx& cx, const Smem& sm) {
   if (PREFETCH) begin_phase(set, cx, sm, false);
 }
 
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Grid barrier in two halves (the cooperative launch guarantees every block is resident). arrive()
+// publishes the block's writes and counts it in; wait() returns once every block has arrived. The
+// next phase's prefetch runs in between: issuing two chunks stalls a block for ~3.5 µs (cp.async
+// issue is throttled by the memory system), which used to delay its arrival, often on the critical
+// path. The counter's top bit flips once per barrier (block 0 adds 2^31 - (blocks - 1), the others
+// 1), so the low bits stay 0 from the zeroed buffer on and nothing is ever reset.
+// With PHASE_STAMPS each block records when it arrived and when it was released.
+struct Barrier {
+  unsigned* count;
+  unsigned long long* stamps;
+  int n;
+  unsigned seen;   // thread 0: the counter before this block's arrival
+  __device__ void stamp() {
+    if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS)
+      stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
+    ++n;
+#if PHASE_STAMPS
+    if (threadIdx.x == 0) stamp_phase = n / 2;   // after a release: the index of the phase that begins
+#endif
+  }
+  __device__ void arrive() {
+    stamp();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      seen = atomicAdd(count, blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u);
+    }
+  }
+  __device__ void wait() {
+    if (threadIdx.x == 0)
+      while (((seen ^ ld_acquire(count)) & 0x80000000u) == 0) {}
+    __syncthreads();
+    stamp();
+  }
+  __device__ void sync() { arrive(); wait(); }
+  __device__ void sync(JobSet next, const Ctx& cx, const Smem& sm) { arrive(); prefetch(next, cx, sm); wait(); }
+};
+
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 kimi_decode_step(const __grid_constant__ KimiParams p) {
-  Barrier grid{cg::this_grid(), reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0};
+  Barrier grid{p.counters + BARRIER_WORD, reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0, 0};
   grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem sm{smem_raw};
@@ -1243,27 +1268,21 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
       if (attn) mla_project(cx, sm, ahead);       grid.sync();   // q (+RoPE), cache row append (+RoPE)
       if (attn) mla_absorb_q(cx, sm);             grid.sync();   // q_eff = W_uk^T q_nope
       if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
-      if (attn) mla_merge_absorb_v(cx, sm);                      // merge splits, o = ctx W_uv
-      prefetch(JS_MLA_OUT, cx, sm);               grid.sync();
+      if (attn) mla_merge_absorb_v(cx, sm);       grid.sync(JS_MLA_OUT, cx, sm);   // merge splits, o = ctx W_uv
     } else {
       if (attn) kda_project(cx, sm, ahead);       grid.sync();   // q,k,v (+conv), g, beta
-      if (attn) kda_delta(cx, sm);                               // S update, o = S^T q
-      prefetch(JS_KDA_OUT, cx, sm);               grid.sync();
+      if (attn) kda_delta(cx, sm);                grid.sync(JS_KDA_OUT, cx, sm);   // S update, o = S^T q
     }
-    if (attn) attn_out_proj(cx, sm, PREFETCH);                   // hidden = x + o W_o
-    prefetch(JS_SHARED, cx, sm);                  grid.sync();
+    if (attn) attn_out_proj(cx, sm, PREFETCH);    grid.sync(JS_SHARED, cx, sm);    // hidden = x + o W_o
     if (moe) moe_router_shared(cx, sm, PREFETCH); grid.sync();   // router logits, shared SwiGLU
     if (moe) {                                                   // top-k, routed SwiGLU
       moe_routed_gate_up(cx, sm);
-      prefetch(JS_DOWN, cx, sm);
-    }
-    grid.sync();
-    if (moe) moe_down_residual(cx, sm, PREFETCH);                // hidden += sum_e w_e down_e
-    if (l + 1 < NUM_LAYERS) {
-      const Ctx nx = layer_ctx(p, l + 1);
-      prefetch(is_mla_layer(l + 1) ? JS_MLA_PROJECT : JS_KDA_PROJECT, nx, sm);
+      grid.sync(JS_DOWN, cx, sm);
+    } else {
       grid.sync();
     }
+    if (moe) moe_down_residual(cx, sm, PREFETCH);                // hidden += sum_e w_e down_e
+    if (l + 1 < NUM_LAYERS) grid.sync(is_mla_layer(l + 1) ? JS_MLA_PROJECT : JS_KDA_PROJECT, layer_ctx(p, l + 1), sm);
   }
   grid.stamp();
 }
