@@ -1,6 +1,7 @@
 """Diagnose the Kimi megakernel against the reference: per-tensor cosine / rel-L2 for a few cases.
 
-Usage: python scripts/kimi_diag.py [small|full] [KERNEL.cu] [--knob NAME=V ...]
+Usage: python scripts/kimi_diag.py [small|full] [KERNEL.cu] [NAME=V ...] [SEED:CTX ...]
+Each case runs twice (the kernel must repeat itself bit for bit); without cases, two default ones.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> None:
     path = Path(args.pop(0)) if args and args[0].endswith(".cu") else ROOT / "kernels/kimi_linear/seed.cu"
     source = path.read_text()
     knobs = Candidate(source=source, knobs={k: int(v) for k, v in (a.split("=") for a in args if "=" in a)})
+    cases = [tuple(int(x) for x in a.split(":")) for a in args if ":" in a]
     task = KimiTask(size)
     dev = torch.device("cuda:0")
     t0 = time.perf_counter()
@@ -34,14 +36,20 @@ def main() -> None:
           f"contract {kernel.contract}")
     ref = task.build_reference(dev, 0)
     mk = task.build_candidate(ref, kernel)
-    for seed, ctx in ((0, task.spec.check_context_lengths[0]), (1, task.spec.check_context_lengths[1])):
+    cases = cases or [(0, task.spec.check_context_lengths[0]), (1, task.spec.check_context_lengths[1])]
+    for seed, ctx in cases:
         h, st = task.make_inputs(seed, ctx, dev)
         o_r, s_r = ref.step(h.clone(), task.clone_state(st))
-        mk.poison(st)
-        o_m, s_m = mk.step(h.clone(), st)
+        outs = []
+        for _ in range(2):
+            st_run = task.clone_state(st)
+            mk.poison(st_run)
+            o_m, s_m = mk.step(h.clone(), st_run)
+            outs.append(o_m.clone())
         torch.cuda.synchronize()
         want, got = task.observables(o_r, s_r, ctx), task.observables(o_m, s_m, ctx)
-        print(f"seed {seed} ctx {ctx} routing margins (bf16 ulps) {[round(m, 1) for m in ref.routing_margins]}")
+        print(f"seed {seed} ctx {ctx} routing margins (bf16 ulps) {[round(m, 1) for m in ref.routing_margins]}; "
+              f"two runs identical: {torch.equal(outs[0], outs[1])}")
         for name in want:
             c = compare(name, got[name], want[name], task, reference=ref)
             print(f"  {name:14s} cos {c.cos:.5f} rel {c.rel_l2:.4g} finite {c.finite} {'ok' if c.passed else 'FAIL'}")

@@ -69,3 +69,33 @@ def test_calibration_measures_errors_and_margin_shifts_and_restores_the_models()
     assert {"out", "later", "S_first", "conv_first"} <= set(errors)
     assert all(0.0 <= e < 0.05 for vals in errors.values() for e in vals)
     assert 2 <= len(shifts) <= 2 * len(SMALL.pattern) and all(s >= 0.0 for s in shifts)
+
+
+class ScriptedReference:
+    """Stands in for the reference: each set of flipped layers yields scripted routing margins."""
+
+    def __init__(self, margins_by_flips):
+        self.margins_by_flips = margins_by_flips
+        self.routing_margins = margins_by_flips[frozenset()]
+        self.runs = []
+
+    def step(self, hidden, state, flips=frozenset()):
+        self.runs.append(frozenset(flips))
+        self.routing_margins = self.margins_by_flips.get(frozenset(flips), [50.0] * 4)
+        return hidden, state
+
+
+def test_a_near_tie_that_appears_only_after_a_flip_is_branched_too():
+    far = 50.0
+    reference = ScriptedReference({
+        frozenset(): [far, 8.0, far, 0.0],          # near ties at layers 1 and 3 in the plain run
+        frozenset({1}): [far, 8.0, 2.0, 13.0],      # flipping layer 1 makes layer 2 tie and widens layer 3
+        frozenset({3}): [far, 8.0, far, 0.0],
+        frozenset({1, 2}): [far, 8.0, 2.0, 1.0],
+    })
+    variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [])
+    names = [name for name, _, _ in variants]
+    assert names == ["routing flipped at layer(s) [1]", "routing flipped at layer(s) [3]",
+                     "routing flipped at layer(s) [1, 2]", "routing flipped at layer(s) [1, 2, 3]"]
+    assert frozenset({1, 3}) not in reference.runs   # layer 3 is 13 ulps wide once layer 1 flips
+    assert reference.routing_margins == [far, 8.0, far, 0.0]   # classes refer to the plain run
