@@ -31,8 +31,7 @@
 // @knob KSPLIT_O 16 {4,8,16,32} K slices of the attention output projections
 // @knob KSPLIT_DOWN 4 {1,2,4,8} K slices of each expert's down projection
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
-// @knob ATTN_HEADS 8 {4,8} MLA heads per attention unit (cache re-reads vs parallelism)
-// @knob ATTN_MAX_SPLITS 64 {16,32,64} most context splits per head group in MLA attention
+// @knob ATTN_MAX_SPLITS 64 {16,32,64,128} most context splits per head group in MLA attention
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 
@@ -63,8 +62,10 @@ constexpr int KVB_HEAD = QK_NOPE + V_HEAD;
 constexpr int KVB_N = MLA_H * KVB_HEAD;
 constexpr int MLA_O_K = MLA_H * V_HEAD;
 constexpr int N_SLOTS = N_ACTIVE + N_SHARED;     // routed experts + shared experts per token
-constexpr int ATT_HG = ATTN_HEADS < MLA_H ? ATTN_HEADS : MLA_H;   // heads per attention unit
-constexpr int ATT_TT = 32;                       // tokens per attention tile (one per lane)
+constexpr int ATT_HG = MLA_H < 16 ? MLA_H : 16;  // heads per attention unit: the M=16 rows of one MMA tile
+constexpr int ATT_TT = 32;                       // tokens per attention tile (one per lane in the softmax)
+constexpr int ATT_K = KV_LORA + QK_ROPE;         // score dot-product length: latent row, then roped key
+constexpr int SC_KS = WARPS / (ATT_TT / 8);      // score MMAs: 4 token n-tiles x SC_KS slices of K
 
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int tiles_of(int n) { return (n + TILE - 1) / TILE; }
@@ -77,13 +78,13 @@ static_assert(HIDDEN % 16 == 0 && C_KDA % 16 == 0 && MLA_Q_N % 16 == 0 && KVA_N 
 static_assert(KVB_N % 16 == 0 && MOE_INTER % 16 == 0, "N % 16");
 static_assert(QK_NOPE % 16 == 0 && V_HEAD % 16 == 0 && QK_NOPE <= 512 && V_HEAD <= 512, "head dims");
 static_assert(KDA_D % 16 == 0 && KDA_D % (THREADS / 16) == 0, "delta-rule thread split");
-static_assert(MLA_H % ATT_HG == 0 && ATT_HG <= WARPS, "attention head groups");
-static_assert(KV_LORA % (THREADS / ATT_HG) == 0, "attention P*V thread split");
+static_assert(MLA_H % ATT_HG == 0, "attention head groups");
+static_assert(KV_LORA % (8 * WARPS) == 0 && QK_ROPE % 16 == 0 && KV_LORA % 16 == 0, "attention MMA tiling");
+static_assert(ATT_K / 16 >= SC_KS, "every score warp needs a K slice");
 static_assert((KV_LORA / 2) % WARPS == 0 && GROUP_ROWS % ((KV_LORA / 2) / WARPS) == 0, "absorb row split");
 static_assert(QK_ROPE % 8 == 0 && KV_LORA % 8 == 0, "16-byte cache rows");
 static_assert(N_EXPERTS <= THREADS, "one thread per router logit");
 static_assert(N_ACTIVE <= 16 && N_SHARED <= 4, "routing slots live in a small shared-memory area");
-static_assert((KV_LORA / (THREADS / ATT_HG)) % 2 == 0, "P*V reads bf16 pairs");
 static_assert(((KV_LORA / 2) / WARPS) % (32 / (QK_NOPE / 16)) == 0, "q absorb rows per warp");
 static_assert(((KV_LORA / 2) / WARPS) % (32 / (V_HEAD / 16)) == 0, "v absorb rows per warp");
 
@@ -127,16 +128,20 @@ constexpr size_t JOBS_BYTES = 2048;
 constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
 constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
 static_assert(X_MAX % 8 == 0 && HIDDEN % 8 == 0, "16-byte staging loads");
-constexpr int QE_STRIDE = KV_LORA + 4;                                    // floats, bank-shifted rows
+constexpr int Q_STRIDE = ATT_K + 8;                                       // bf16; rows 4 banks apart
+constexpr int P_STRIDE = ATT_TT + 8;                                      // bf16
 constexpr int CK_STRIDE = KV_LORA + 8;                                    // bf16, 16-byte rows
 constexpr int KR_STRIDE = QK_ROPE + 8;
-constexpr size_t SA_QE = 0;
-constexpr size_t SA_QR = SA_QE + 4 * (size_t)ATT_HG * QE_STRIDE;
-constexpr size_t SA_CK = SA_QR + 4 * (size_t)ATT_HG * QK_ROPE;
-constexpr size_t SA_KR = SA_CK + 2 * (size_t)ATT_TT * CK_STRIDE;
-constexpr size_t SA_SC = SA_KR + 2 * (size_t)ATT_TT * KR_STRIDE;
-constexpr size_t SA_STAT = SA_SC + 4 * (size_t)ATT_HG * ATT_TT;           // m, l, alpha per head
-constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * (size_t)ATT_HG;
+constexpr size_t SA_QH = 0;                                               // bf16 [16][Q_STRIDE]: q, high part
+constexpr size_t SA_QL = SA_QH + 2 * 16 * (size_t)Q_STRIDE;               // bf16: q - high (the low part)
+constexpr size_t SA_CK = SA_QL + 2 * 16 * (size_t)Q_STRIDE;               // bf16 [ATT_TT][CK_STRIDE]
+constexpr size_t SA_KR = SA_CK + 2 * (size_t)ATT_TT * CK_STRIDE;          // bf16 [ATT_TT][KR_STRIDE]
+constexpr size_t SA_SC = SA_KR + 2 * (size_t)ATT_TT * KR_STRIDE;          // float [SC_KS][16][ATT_TT]
+constexpr size_t SA_PH = SA_SC + 4 * (size_t)SC_KS * 16 * ATT_TT;         // bf16 [16][P_STRIDE]: p, high part
+constexpr size_t SA_PL = SA_PH + 2 * 16 * (size_t)P_STRIDE;               // bf16: p - high
+constexpr size_t SA_STAT = SA_PL + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
+constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * 16;
+static_assert(SA_CK % 16 == 0 && SA_KR % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
 constexpr size_t SM_MERGE_BYTES = 4 * ((size_t)KV_LORA + 2 * ATTN_MAX_SPLITS + (size_t)WARPS * 512 + 512);
 constexpr size_t DYN_SMEM = imax(imax((int)SM_GEMV_BYTES, (int)SM_ATTN_BYTES), (int)SM_MERGE_BYTES);
 
@@ -863,111 +868,194 @@ __device__ int attn_splits(int tokens) {
   return min(ATTN_MAX_SPLITS, min(by_grid, by_tiles));
 }
 
-// Split-context attention over the latent cache (absorbed form), ATT_HG heads per unit, online softmax.
+// ---- tensor-core helpers (mma.sync m16n8k16, bf16 in, fp32 accumulate) ----
+__device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned lds32(const bf16* p) { return *reinterpret_cast<const unsigned*>(p); }
+// A fragment of a row-major 16 x 16 bf16 tile at `t` (row stride `ld`): rows g, g+8; columns 2c, 2c+8.
+__device__ __forceinline__ void load_a(unsigned* a, const bf16* t, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  a[0] = lds32(t + g * ld + 2 * c);
+  a[1] = lds32(t + (g + 8) * ld + 2 * c);
+  a[2] = lds32(t + g * ld + 2 * c + 8);
+  a[3] = lds32(t + (g + 8) * ld + 2 * c + 8);
+}
+// B fragment (16 x 8, k x n) of a bf16 tile stored n-major ([n][k], stride `ld`), as the cache rows are for scores.
+__device__ __forceinline__ void load_b_nk(unsigned& b0, unsigned& b1, const bf16* t, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  b0 = lds32(t + g * ld + 2 * c);
+  b1 = lds32(t + g * ld + 2 * c + 8);
+}
+// B fragment of a bf16 tile stored k-major ([k][n], stride `ld`), as the cache rows are for P*V: ldmatrix.trans.
+__device__ __forceinline__ void load_b_kn(unsigned& b0, unsigned& b1, const bf16* t, int ld) {
+  const int l = threadIdx.x & 15;   // lanes 0-7: rows k 0-7, lanes 8-15: rows k 8-15 (16-31 mirror them)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(t + l * ld));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
+}
+// v = hi + lo with both in bf16: a product with a bf16 operand then keeps ~16 bits of v.
+__device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
+  hi = __float2bfloat16_rn(v);
+  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+}
+
+// One 32-token tile of the latent cache and roped keys in registers (16-byte pieces; rows at or past
+// t1 are zero, so P is 0 there and nothing undefined enters the MMAs).
+struct CacheTile {
+  static constexpr int CK_CHUNKS = KV_LORA / 8, KR_CHUNKS = QK_ROPE / 8;
+  static constexpr int CK_PER = (ATT_TT * CK_CHUNKS + THREADS - 1) / THREADS;
+  static constexpr int KR_PER = (ATT_TT * KR_CHUNKS + THREADS - 1) / THREADS;
+  uint4 ckv[CK_PER], krv[KR_PER];
+  __device__ void load(const Ctx& cx, int tt, int t1) {
+#pragma unroll
+    for (int j = 0; j < CK_PER; ++j) {
+      const int i = threadIdx.x + j * THREADS, l = i / CK_CHUNKS;
+      ckv[j] = make_uint4(0, 0, 0, 0);
+      if (i < ATT_TT * CK_CHUNKS && tt + l < t1)
+        ckv[j] = __ldcg(reinterpret_cast<const uint4*>(cx.L->c_kv + (size_t)(tt + l) * KV_LORA + (i % CK_CHUNKS) * 8));
+    }
+#pragma unroll
+    for (int j = 0; j < KR_PER; ++j) {
+      const int i = threadIdx.x + j * THREADS, l = i / KR_CHUNKS;
+      krv[j] = make_uint4(0, 0, 0, 0);
+      if (i < ATT_TT * KR_CHUNKS && tt + l < t1)
+        krv[j] = __ldcg(reinterpret_cast<const uint4*>(cx.L->k_rope + (size_t)(tt + l) * QK_ROPE + (i % KR_CHUNKS) * 8));
+    }
+  }
+  __device__ void store(bf16* ck, bf16* kr) const {
+#pragma unroll
+    for (int j = 0; j < CK_PER; ++j) {
+      const int i = threadIdx.x + j * THREADS;
+      if (i < ATT_TT * CK_CHUNKS) *reinterpret_cast<uint4*>(ck + (i / CK_CHUNKS) * CK_STRIDE + (i % CK_CHUNKS) * 8) = ckv[j];
+    }
+#pragma unroll
+    for (int j = 0; j < KR_PER; ++j) {
+      const int i = threadIdx.x + j * THREADS;
+      if (i < ATT_TT * KR_CHUNKS) *reinterpret_cast<uint4*>(kr + (i / KR_CHUNKS) * KR_STRIDE + (i % KR_CHUNKS) * 8) = krv[j];
+    }
+  }
+};
+
+// Split-context attention over the latent cache (absorbed form) on tensor cores, ATT_HG (16) heads
+// per unit, online softmax. Per 32-token tile: scores = [q_eff | q_rope] . [c_kv | k_rope] as
+// 16 x 32 MMAs (warps split the 4 token n-tiles and SC_KS slices of K), softmax with one warp per
+// head, then ctx += P . c_kv (each warp owns KV_LORA / WARPS columns, accumulators in registers).
+// fp32 operands (q, p) enter as two bf16 MMAs (high + low part), so products keep ~16 bits; the
+// scalar FP32 version of this phase was arithmetic bound (172 µs at 16K).
 // Writes per (split, head): running max m, sum l, and the unnormalised context sum_l p_l c_kv[l].
 __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
-  constexpr int TPH = THREADS / ATT_HG, CPT = KV_LORA / TPH;
+  constexpr int NPW = KV_LORA / 8 / WARPS;   // P*V n-tiles per warp
+  constexpr int KSTEPS = ATT_K / 16;
   const float scale = MLA_SCALE;
-  float* qe = reinterpret_cast<float*>(sm.base + SA_QE);
-  float* qr = reinterpret_cast<float*>(sm.base + SA_QR);
+  bf16* qh = reinterpret_cast<bf16*>(sm.base + SA_QH);
+  bf16* ql = reinterpret_cast<bf16*>(sm.base + SA_QL);
   bf16* ck = reinterpret_cast<bf16*>(sm.base + SA_CK);
   bf16* kr = reinterpret_cast<bf16*>(sm.base + SA_KR);
   float* sc = reinterpret_cast<float*>(sm.base + SA_SC);
-  float* stat = reinterpret_cast<float*>(sm.base + SA_STAT);   // m[HG], l[HG], alpha[HG]
+  bf16* ph = reinterpret_cast<bf16*>(sm.base + SA_PH);
+  bf16* pl = reinterpret_cast<bf16*>(sm.base + SA_PL);
+  float* stat = reinterpret_cast<float*>(sm.base + SA_STAT);   // m[16], l[16], alpha[16]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
   const int tokens = cx.ctx_len + 1;
   const int nsplit = attn_splits(tokens);
   const int per = (tokens + nsplit - 1) / nsplit;
   const int units = nsplit * (MLA_H / ATT_HG);
-  // P*V ownership: head ph, column pairs 2*lt + 2*TPH*j (consecutive lanes read consecutive words)
-  const int ph = threadIdx.x / TPH, lt = threadIdx.x % TPH;
+  const int s_nt = warp % (ATT_TT / 8), s_ks = warp / (ATT_TT / 8);   // this warp's score tile and K slice
+  const int k_begin = s_ks * KSTEPS / SC_KS, k_end = (s_ks + 1) * KSTEPS / SC_KS;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int split = u / (MLA_H / ATT_HG), h0 = (u % (MLA_H / ATT_HG)) * ATT_HG;
     const int t0 = split * per, t1 = min(tokens, t0 + per);
-    for (int i = threadIdx.x; i < ATT_HG * KV_LORA; i += THREADS)
-      qe[(i / KV_LORA) * QE_STRIDE + i % KV_LORA] = __ldcg(cx.qeff() + (size_t)h0 * KV_LORA + i);
-    for (int i = threadIdx.x; i < ATT_HG * QK_ROPE; i += THREADS) qr[i] = __ldcg(cx.qr() + (size_t)h0 * QK_ROPE + i);
-    if (threadIdx.x < ATT_HG) { stat[threadIdx.x] = NEG_INF; stat[ATT_HG + threadIdx.x] = 0.0f; }
-    float acc[CPT];
+    for (int i = threadIdx.x; i < 16 * ATT_K; i += THREADS) {   // rows past ATT_HG are zero
+      const int r = i / ATT_K, k = i % ATT_K;
+      float q = 0.0f;
+      if (r < ATT_HG)
+        q = k < KV_LORA ? __ldcg(cx.qeff() + (size_t)(h0 + r) * KV_LORA + k)
+                        : __ldcg(cx.qr() + (size_t)(h0 + r) * QK_ROPE + (k - KV_LORA));
+      split_bf16(q, qh[r * Q_STRIDE + k], ql[r * Q_STRIDE + k]);
+    }
+    for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = pl[i] = __float2bfloat16_rn(0.0f);
+    if (threadIdx.x < 16) { stat[threadIdx.x] = NEG_INF; stat[16 + threadIdx.x] = 0.0f; stat[32 + threadIdx.x] = 1.0f; }
+    float acc[NPW][4];
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < NPW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    CacheTile tile;
+    tile.load(cx, t0, t1);
     __syncthreads();
     for (int tt = t0; tt < t1; tt += ATT_TT) {
-      constexpr int CK_CHUNKS = KV_LORA / 8, KR_CHUNKS = QK_ROPE / 8;
-      for (int i = threadIdx.x; i < ATT_TT * CK_CHUNKS; i += THREADS) {
-        const int l = i / CK_CHUNKS, c8 = (i % CK_CHUNKS) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (tt + l < t1) v = __ldcg(reinterpret_cast<const uint4*>(cx.L->c_kv + (size_t)(tt + l) * KV_LORA + c8));
-        *reinterpret_cast<uint4*>(ck + l * CK_STRIDE + c8) = v;
-      }
-      for (int i = threadIdx.x; i < ATT_TT * KR_CHUNKS; i += THREADS) {
-        const int l = i / KR_CHUNKS, c8 = (i % KR_CHUNKS) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (tt + l < t1) v = __ldcg(reinterpret_cast<const uint4*>(cx.L->k_rope + (size_t)(tt + l) * QK_ROPE + c8));
-        *reinterpret_cast<uint4*>(kr + l * KR_STRIDE + c8) = v;
-      }
+      tile.store(ck, kr);
       __syncthreads();
-      for (int idx = threadIdx.x; idx < ATT_HG * ATT_TT; idx += THREADS) {
-        const int hh = idx % ATT_HG, l = idx / ATT_HG;
-        float s = NEG_INF;
-        if (tt + l < t1) {
-          float dot = 0.0f, dot2 = 0.0f, dotr = 0.0f;   // two chains: half the FMA latency
-          const float* qrow = qe + hh * QE_STRIDE;
-          const bf16* crow = ck + l * CK_STRIDE;
-          for (int c = 0; c < KV_LORA; c += 8) {
-            float cv[8];
-            unpack8(*reinterpret_cast<const uint4*>(crow + c), cv);
-            const float4 q0 = *reinterpret_cast<const float4*>(qrow + c);
-            const float4 q1 = *reinterpret_cast<const float4*>(qrow + c + 4);
-            dot += q0.x * cv[0] + q0.y * cv[1] + q0.z * cv[2] + q0.w * cv[3];
-            dot2 += q1.x * cv[4] + q1.y * cv[5] + q1.z * cv[6] + q1.w * cv[7];
-          }
-          const bf16* rrow = kr + l * KR_STRIDE;
-          for (int c = 0; c < QK_ROPE; c += 8) {
-            float rv[8];
-            unpack8(*reinterpret_cast<const uint4*>(rrow + c), rv);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) dotr += qr[hh * QK_ROPE + c + i] * rv[i];
-          }
-          s = (dot + dot2 + dotr) * scale;
+      if (tt + ATT_TT < t1) tile.load(cx, tt + ATT_TT, t1);   // the next tile is in flight during the MMAs
+      {   // scores: this warp's 16 heads x 8 tokens over its K slice, high and low parts of q in two chains
+        float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ks = k_begin; ks < k_end; ++ks) {
+          const int k0 = ks * 16;
+          unsigned a[4], b0, b1;
+          if (k0 < KV_LORA) load_b_nk(b0, b1, ck + s_nt * 8 * CK_STRIDE + k0, CK_STRIDE);
+          else load_b_nk(b0, b1, kr + s_nt * 8 * KR_STRIDE + (k0 - KV_LORA), KR_STRIDE);
+          load_a(a, qh + k0, Q_STRIDE);
+          mma_bf16(hi, a, b0, b1);
+          load_a(a, ql + k0, Q_STRIDE);
+          mma_bf16(lo, a, b0, b1);
         }
-        sc[hh * ATT_TT + l] = s;
+        float* out = sc + s_ks * 16 * ATT_TT + s_nt * 8 + 2 * c;
+        out[g * ATT_TT] = hi[0] + lo[0];
+        out[g * ATT_TT + 1] = hi[1] + lo[1];
+        out[(g + 8) * ATT_TT] = hi[2] + lo[2];
+        out[(g + 8) * ATT_TT + 1] = hi[3] + lo[3];
       }
       __syncthreads();
-      for (int hh = warp; hh < ATT_HG; hh += WARPS) {
-        const float s = sc[hh * ATT_TT + lane];
+      for (int hh = warp; hh < ATT_HG; hh += WARPS) {   // online softmax, lane = token
+        float s = NEG_INF;
+        if (tt + lane < t1) {
+          s = 0.0f;
+          for (int k = 0; k < SC_KS; ++k) s += sc[(k * 16 + hh) * ATT_TT + lane];
+          s *= scale;
+        }
         const float m_old = stat[hh];
         const float m_new = fmaxf(m_old, warp_max(s));
         const float pr = s == NEG_INF ? 0.0f : expf(s - m_new);
         const float psum = warp_sum(pr);
-        sc[hh * ATT_TT + lane] = pr;
+        split_bf16(pr, ph[hh * P_STRIDE + lane], pl[hh * P_STRIDE + lane]);
         if (lane == 0) {
           const float alpha = expf(m_old - m_new);
-          stat[2 * ATT_HG + hh] = alpha;
-          stat[ATT_HG + hh] = stat[ATT_HG + hh] * alpha + psum;
+          stat[32 + hh] = alpha;
+          stat[16 + hh] = stat[16 + hh] * alpha + psum;
           stat[hh] = m_new;
         }
       }
       __syncthreads();
-      const float alpha = stat[2 * ATT_HG + ph];
+      const float al_g = stat[32 + g], al_g8 = stat[32 + g + 8];
 #pragma unroll
-      for (int i = 0; i < CPT; ++i) acc[i] *= alpha;
-      for (int l = 0; l < ATT_TT; ++l) {
-        const float pr = sc[ph * ATT_TT + l];
-        const __nv_bfloat162* crow = reinterpret_cast<const __nv_bfloat162*>(ck + l * CK_STRIDE) + lt;
+      for (int j = 0; j < NPW; ++j) { acc[j][0] *= al_g; acc[j][1] *= al_g; acc[j][2] *= al_g8; acc[j][3] *= al_g8; }
 #pragma unroll
-        for (int j = 0; j < CPT / 2; ++j) {
-          const float2 cv = __bfloat1622float2(crow[j * TPH]);
-          acc[2 * j] += pr * cv.x;
-          acc[2 * j + 1] += pr * cv.y;
+      for (int k0 = 0; k0 < ATT_TT; k0 += 16) {
+        unsigned a_hi[4], a_lo[4];
+        load_a(a_hi, ph + k0, P_STRIDE);
+        load_a(a_lo, pl + k0, P_STRIDE);
+#pragma unroll
+        for (int j = 0; j < NPW; ++j) {
+          unsigned b0, b1;
+          load_b_kn(b0, b1, ck + k0 * CK_STRIDE + (warp * NPW + j) * 8, CK_STRIDE);
+          mma_bf16(acc[j], a_hi, b0, b1);
+          mma_bf16(acc[j], a_lo, b0, b1);
         }
       }
-      __syncthreads();
+      __syncthreads();   // the tiles are read; the next token tile may overwrite them
     }
-    float* out = cx.apart() + ((size_t)split * MLA_H + h0 + ph) * APART_STRIDE;
-    if (threadIdx.x % TPH == 0) { out[0] = stat[ph]; out[1] = stat[ATT_HG + ph]; }
+    float* part = cx.apart() + ((size_t)split * MLA_H + h0) * APART_STRIDE;
+    if (threadIdx.x < ATT_HG) {
+      part[threadIdx.x * APART_STRIDE] = stat[threadIdx.x];
+      part[threadIdx.x * APART_STRIDE + 1] = stat[16 + threadIdx.x];
+    }
 #pragma unroll
-    for (int j = 0; j < CPT / 2; ++j) reinterpret_cast<float2*>(out + 2)[lt + j * TPH] = make_float2(acc[2 * j], acc[2 * j + 1]);
+    for (int j = 0; j < NPW; ++j) {
+      const int col = 2 + (warp * NPW + j) * 8 + 2 * c;
+      if (g < ATT_HG) *reinterpret_cast<float2*>(part + g * APART_STRIDE + col) = make_float2(acc[j][0], acc[j][1]);
+      if (g + 8 < ATT_HG) *reinterpret_cast<float2*>(part + (g + 8) * APART_STRIDE + col) = make_float2(acc[j][2], acc[j][3]);
+    }
     __syncthreads();
   }
 }
