@@ -27,9 +27,11 @@
 // (declared in the order the tuner should try them: work split first, launch shape last).
 // Run: python run_agent.py bench kernels/kimi_linear/seed.cu
 //
-// @knob KSPLIT_IN 9 {3,4,6,8,9,12,18} K slices of the hidden->X GEMVs (more units, more partial traffic)
-// @knob KSPLIT_O 16 {4,8,16,32} K slices of the attention output projections
-// @knob KSPLIT_DOWN 4 {1,2,4,8} K slices of each expert's down projection
+// @knob KSPLIT_KDA 4 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (4: 256 units of 18 slabs, one per block)
+// @knob KSPLIT_GU 8 {4,6,8,9,12} K slices of the routed experts' gate/up (8: 256 units, one per block)
+// @knob KSPLIT_DOWN 3 {1,2,3,4,8} K slices of each expert's down projection (3: 243 units of 10-11 slabs)
+// @knob KSPLIT_IN 9 {3,4,6,8,9,12,18} K slices of the MLA q/kv_a projections and the shared expert's gate/up
+// @knob KSPLIT_O 16 {4,8,16,28,32} K slices of the attention output projections
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
 // @knob ATTN_MAX_SPLITS 64 {16,32,64,128} most context splits per head group in MLA attention
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
@@ -101,8 +103,8 @@ constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l
 constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t SPLITK_FLOATS = (size_t)imax(
-    imax(imax(4 * KSPLIT_IN * C_KDA, KSPLIT_IN * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
-    imax(imax(N_SHARED, N_ACTIVE) * KSPLIT_IN * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
+    imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_IN * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
+    imax(imax(N_SHARED * KSPLIT_IN, N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
 constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4;
 constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
@@ -727,7 +729,7 @@ __device__ void dense_rows(const bf16* W, int rows, const __half* xh, float* out
 
 // KDA: q, k, v (+ causal conv, SiLU, window shift), g (log decay), beta.
 __device__ Job kda_project_job(const Ctx& cx, int m) {
-  return make_job(mat_of(cx.L->proj[m]), HIDDEN, C_KDA, KSPLIT_IN, cx.splitk() + (size_t)m * KSPLIT_IN * C_KDA,
+  return make_job(mat_of(cx.L->proj[m]), HIDDEN, C_KDA, KSPLIT_KDA, cx.splitk() + (size_t)m * KSPLIT_KDA * C_KDA,
                   cx.counters + m * tiles_of(C_KDA), m < 3 ? EPI_CONV : EPI_DECAY, m);
 }
 
@@ -968,21 +970,37 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int split = u / (MLA_H / ATT_HG), h0 = (u % (MLA_H / ATT_HG)) * ATT_HG;
     const int t0 = split * per, t1 = min(tokens, t0 + per);
-    for (int i = threadIdx.x; i < 16 * ATT_K; i += THREADS) {   // rows past ATT_HG are zero
-      const int r = i / ATT_K, k = i % ATT_K;
-      float q = 0.0f;
-      if (r < ATT_HG)
-        q = k < KV_LORA ? __ldcg(cx.qeff() + (size_t)(h0 + r) * KV_LORA + k)
-                        : __ldcg(cx.qr() + (size_t)(h0 + r) * QK_ROPE + (k - KV_LORA));
-      split_bf16(q, qh[r * Q_STRIDE + k], ql[r * Q_STRIDE + k]);
+    CacheTile tile;
+    tile.load(cx, t0, t1);
+    {   // q rows (rows past ATT_HG are zero), every load in flight before the first use
+      constexpr int Q4 = ATT_K / 4, Q_PER = (16 * Q4 + THREADS - 1) / THREADS;
+      float4 qv[Q_PER];
+#pragma unroll
+      for (int j = 0; j < Q_PER; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / Q4, k = (i % Q4) * 4;
+        qv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < 16 * Q4 && r < ATT_HG)
+          qv[j] = __ldcg(reinterpret_cast<const float4*>(k < KV_LORA ? cx.qeff() + (size_t)(h0 + r) * KV_LORA + k
+                                                                     : cx.qr() + (size_t)(h0 + r) * QK_ROPE + (k - KV_LORA)));
+      }
+#pragma unroll
+      for (int j = 0; j < Q_PER; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / Q4, k = (i % Q4) * 4;
+        if (i < 16 * Q4) {
+          bf16* h = qh + r * Q_STRIDE + k;
+          bf16* l = ql + r * Q_STRIDE + k;
+          split_bf16(qv[j].x, h[0], l[0]);
+          split_bf16(qv[j].y, h[1], l[1]);
+          split_bf16(qv[j].z, h[2], l[2]);
+          split_bf16(qv[j].w, h[3], l[3]);
+        }
+      }
     }
     for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = pl[i] = __float2bfloat16_rn(0.0f);
     if (threadIdx.x < 16) { stat[threadIdx.x] = NEG_INF; stat[16 + threadIdx.x] = 0.0f; stat[32 + threadIdx.x] = 1.0f; }
     float acc[NPW][4];
 #pragma unroll
     for (int j = 0; j < NPW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    CacheTile tile;
-    tile.load(cx, t0, t1);
     __syncthreads();
     for (int tt = t0; tt < t1; tt += ATT_TT) {
       tile.store(ck, kr);
@@ -1093,11 +1111,16 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
     __syncthreads();
     for (int c2 = threadIdx.x; c2 < KV_LORA / 2; c2 += THREADS) {
       float2 v = make_float2(0.0f, 0.0f);
-#pragma unroll 16
-      for (int s = 0; s < nsplit; ++s) {
-        const float2 x = __ldcg(reinterpret_cast<const float2*>(cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE + 2) + c2);
-        v.x += wts[s] * x.x;
-        v.y += wts[s] * x.y;
+      for (int s0 = 0; s0 < nsplit; s0 += 32) {   // 32 loads in flight: one L2 round trip per 32 splits
+        float2 x[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          x[i] = s0 + i < nsplit
+                     ? __ldcg(reinterpret_cast<const float2*>(cx.apart() + ((size_t)(s0 + i) * MLA_H + h) * APART_STRIDE + 2) + c2)
+                     : make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (s0 + i < nsplit) { v.x += wts[s0 + i] * x[i].x; v.y += wts[s0 + i] * x[i].y; }
       }
       ctx[2 * c2] = v.x / *tot;
       ctx[2 * c2 + 1] = v.y / *tot;
@@ -1208,7 +1231,7 @@ __device__ void moe_router_shared(const Ctx& cx, const Smem& sm, bool ahead) {
 __device__ Job routed_job(const Ctx& cx, const Smem& sm, int j) {
   const int e = sm.sel_e()[j];
   return paired_job(expert_mat(cx.L->expert[0], e, HIDDEN, MOE_INTER), expert_mat(cx.L->expert[1], e, HIDDEN, MOE_INTER),
-                    KSPLIT_IN, cx.splitk() + (size_t)j * KSPLIT_IN * 2 * MOE_INTER, cx.counters + j * tiles_of(MOE_INTER), j);
+                    KSPLIT_GU, cx.splitk() + (size_t)j * KSPLIT_GU * 2 * MOE_INTER, cx.counters + j * tiles_of(MOE_INTER), j);
 }
 
 // The experts are known only after routing, so nothing could be issued ahead. The input is not
