@@ -2,7 +2,10 @@
 
 Each block stamps when it arrives at a grid barrier and when it leaves it. For phase i:
 span = last arrival at barrier i - first release from barrier i-1 (the phase's critical path),
-mean = the average block's own work time, wait = last release - last arrival (the barrier itself).
+mean = the average block's own work time, wait = first release from barrier i - last arrival at it
+(the synchronisation itself). Spans and waits add up to the kernel time; a block that leaves a
+barrier late (it issues the next phase's prefetch between arriving and waiting) shows in the next
+span and in the critical block's release column.
 Inside each GEMV phase, thread 0 also stamps four events: input staged, first weight chunk landed,
 a unit's sums reduced (the last one counts) and all units done. The second table gives their mean
 offsets from the block's release and the same offsets for the phase's critical block (the last to
@@ -52,7 +55,7 @@ def step_spans(stamps: torch.Tensor, blocks: int, phases: int) -> list[tuple[flo
         begin, arrive = t[2 * i], t[2 * i + 1]
         span = (arrive.max() - begin.min()).item()
         mean = (arrive - begin).mean().item()
-        wait = (t[2 * i + 2].max() - arrive.max()).item() if 2 * i + 2 < 2 * phases else 0.0
+        wait = (t[2 * i + 2].min() - arrive.max()).item() if 2 * i + 2 < 2 * phases else 0.0
         rows.append((span, mean, wait))
     return rows
 

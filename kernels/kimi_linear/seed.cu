@@ -29,11 +29,11 @@
 //
 // @knob KSPLIT_KDA 4 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (4: 256 units of 18 slabs, one per block)
 // @knob KSPLIT_GU 8 {4,6,8,9,12} K slices of the routed experts' gate/up (8: 256 units, one per block)
-// @knob KSPLIT_DOWN 3 {1,2,3,4,8} K slices of each expert's down projection (3: 243 units of 10-11 slabs)
-// @knob KSPLIT_IN 9 {3,4,6,8,9,12,18} K slices of the MLA q/kv_a projections and the shared expert's gate/up
-// @knob KSPLIT_O 16 {4,8,16,28,32} K slices of the attention output projections
+// @knob KSPLIT_DOWN 4 {1,2,3,4,8} K slices of each expert's down projection
+// @knob KSPLIT_IN 18 {6,9,12,18,36} K slices of the MLA q/kv_a projections and the shared expert's gate/up
+// @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
-// @knob ATTN_MAX_SPLITS 64 {16,32,64,128} most context splits per head group in MLA attention
+// @knob ATTN_MAX_SPLITS 128 {32,64,128} most context splits per head group in MLA attention
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 
