@@ -8,7 +8,7 @@
 //
 // How: a persistent grid (SMs x BLOCKS_PER_SM blocks, all co-resident) walks the phase schedule at
 // the bottom of this file; phases are separated by grid-wide barriers (6 per KDA layer, 8 per MLA
-// layer). A GEMV phase is a list of jobs; a job's output columns are cut into 256-wide tiles and
+// layer; a block arrives, issues the next phase's prefetch, then waits). A GEMV phase is a list of jobs; a job's output columns are cut into 256-wide tiles and
 // its input into KSPLIT slices; a block computes one (tile, slice) unit with all its warps, writes
 // the partial, and the last block to finish a tile (arrival counter) sums the partials in a fixed
 // order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...). Deterministic: no float
@@ -16,8 +16,12 @@
 //
 // Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that cp.async copies
 // into a two-slot shared-memory ring: chunk i+1 is in flight while chunk i is computed, and the first
-// two chunks of the next phase are issued before the grid barrier (weights do not depend on
+// two chunks of the next phase are issued at the grid barrier (weights do not depend on
 // activations), so they land while the block waits and then stages its input vector.
+//
+// MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
+// cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
+// high + low parts.
 //
 // Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; nibbles become fp16 (1024 + q) with
 // one LOP3 each, 1024 is subtracted exactly, and q * x accumulates in fp16 over 16 products;
