@@ -907,40 +907,41 @@ __device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
   lo = __float2bfloat16_rn(v - __bfloat162float(hi));
 }
 
-// One 32-token tile of the latent cache and roped keys in registers (16-byte pieces; rows at or past
-// t1 are zero, so P is 0 there and nothing undefined enters the MMAs).
-struct CacheTile {
-  static constexpr int CK_CHUNKS = KV_LORA / 8, KR_CHUNKS = QK_ROPE / 8;
-  static constexpr int CK_PER = (ATT_TT * CK_CHUNKS + THREADS - 1) / THREADS;
-  static constexpr int KR_PER = (ATT_TT * KR_CHUNKS + THREADS - 1) / THREADS;
-  uint4 ckv[CK_PER], krv[KR_PER];
-  __device__ void load(const Ctx& cx, int tt, int t1) {
+// Rows [tt, tt + ATT_TT) of a bf16 [tokens][W] cache in registers, 16-byte pieces spread over the
+// block; rows at or past t1 are zero, so P is 0 there and nothing undefined enters the MMAs.
+template <int W>
+struct CacheRows {
+  static constexpr int PIECES = W / 8, PER = (ATT_TT * PIECES + THREADS - 1) / THREADS;
+  uint4 v[PER];
+  __device__ void load(const bf16* src, int tt, int t1) {
 #pragma unroll
-    for (int j = 0; j < CK_PER; ++j) {
-      const int i = threadIdx.x + j * THREADS, l = i / CK_CHUNKS;
-      ckv[j] = make_uint4(0, 0, 0, 0);
-      if (i < ATT_TT * CK_CHUNKS && tt + l < t1)
-        ckv[j] = __ldcg(reinterpret_cast<const uint4*>(cx.L->c_kv + (size_t)(tt + l) * KV_LORA + (i % CK_CHUNKS) * 8));
-    }
-#pragma unroll
-    for (int j = 0; j < KR_PER; ++j) {
-      const int i = threadIdx.x + j * THREADS, l = i / KR_CHUNKS;
-      krv[j] = make_uint4(0, 0, 0, 0);
-      if (i < ATT_TT * KR_CHUNKS && tt + l < t1)
-        krv[j] = __ldcg(reinterpret_cast<const uint4*>(cx.L->k_rope + (size_t)(tt + l) * QK_ROPE + (i % KR_CHUNKS) * 8));
+    for (int j = 0; j < PER; ++j) {
+      const int i = threadIdx.x + j * THREADS, l = i / PIECES;
+      v[j] = make_uint4(0, 0, 0, 0);
+      if (i < ATT_TT * PIECES && tt + l < t1)
+        v[j] = __ldcg(reinterpret_cast<const uint4*>(src + (size_t)(tt + l) * W + (i % PIECES) * 8));
     }
   }
-  __device__ void store(bf16* ck, bf16* kr) const {
+  __device__ void store(bf16* dst, int stride) const {
 #pragma unroll
-    for (int j = 0; j < CK_PER; ++j) {
+    for (int j = 0; j < PER; ++j) {
       const int i = threadIdx.x + j * THREADS;
-      if (i < ATT_TT * CK_CHUNKS) *reinterpret_cast<uint4*>(ck + (i / CK_CHUNKS) * CK_STRIDE + (i % CK_CHUNKS) * 8) = ckv[j];
+      if (i < ATT_TT * PIECES) *reinterpret_cast<uint4*>(dst + (i / PIECES) * stride + (i % PIECES) * 8) = v[j];
     }
-#pragma unroll
-    for (int j = 0; j < KR_PER; ++j) {
-      const int i = threadIdx.x + j * THREADS;
-      if (i < ATT_TT * KR_CHUNKS) *reinterpret_cast<uint4*>(kr + (i / KR_CHUNKS) * KR_STRIDE + (i % KR_CHUNKS) * 8) = krv[j];
-    }
+  }
+};
+
+// One 32-token tile of the latent cache and the roped keys.
+struct CacheTile {
+  CacheRows<KV_LORA> ck;
+  CacheRows<QK_ROPE> kr;
+  __device__ void load(const Ctx& cx, int tt, int t1) {
+    ck.load(cx.L->c_kv, tt, t1);
+    kr.load(cx.L->k_rope, tt, t1);
+  }
+  __device__ void store(bf16* ck_dst, bf16* kr_dst) const {
+    ck.store(ck_dst, CK_STRIDE);
+    kr.store(kr_dst, KR_STRIDE);
   }
 };
 
