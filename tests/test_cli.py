@@ -36,18 +36,18 @@ def test_export_writes_a_solution(tmp_path):
         "-o",
         str(tmp_path / "solution.py"),
         "--knob",
-        "KSPLIT_IN=6",
+        "KSPLIT_SHARED=6",
     )
     assert out.returncode == 0, out.stderr
     text = (tmp_path / "solution.py").read_text()
-    assert "class Model(MegakernelModel)" in text and "'KSPLIT_IN': '6'" in text
+    assert "class Model(MegakernelModel)" in text and "'KSPLIT_SHARED': '6'" in text
 
 
 def test_bad_knob_is_a_clear_error(tmp_path):
     out = cli(
-        "export", str(ROOT / "kernels/kimi_linear/seed.cu"), "-o", str(tmp_path / "s.py"), "--knob", "KSPLIT_IN=7"
+        "export", str(ROOT / "kernels/kimi_linear/seed.cu"), "-o", str(tmp_path / "s.py"), "--knob", "KSPLIT_SHARED=7"
     )
-    assert out.returncode == 1 and "KSPLIT_IN=7 is not one of" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 1 and "KSPLIT_SHARED=7 is not one of" in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")

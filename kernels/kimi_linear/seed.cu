@@ -34,7 +34,8 @@
 // @knob KSPLIT_KDA 4 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (4: 256 units of 18 slabs, one per block)
 // @knob KSPLIT_GU 8 {4,6,8,9,12} K slices of the routed experts' gate/up (8: 256 units, one per block)
 // @knob KSPLIT_DOWN 4 {1,2,3,4,8} K slices of each expert's down projection
-// @knob KSPLIT_IN 18 {6,9,12,18,36} K slices of the MLA q/kv_a projections and the shared expert's gate/up
+// @knob KSPLIT_SHARED 18 {6,9,12,18,36} K slices of the shared expert's gate/up
+// @knob KSPLIT_MLA 18 {6,9,12,18} K slices of the MLA q/kv_a projections
 // @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
 // @knob ATTN_MAX_SPLITS 128 {32,64,128} most context splits per head group in MLA attention
@@ -107,8 +108,8 @@ constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l
 constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t SPLITK_FLOATS = (size_t)imax(
-    imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_IN * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
-    imax(imax(N_SHARED * KSPLIT_IN, N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
+    imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_MLA * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
+    imax(imax(N_SHARED * KSPLIT_SHARED, N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
 constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4;
 constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
@@ -811,8 +812,8 @@ __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
 
 // MLA: q (+RoPE on the rope half), kv_a -> latent row and roped key appended at row ctx_len.
 __device__ Job mla_project_job(const Ctx& cx, int j) {
-  if (j == 0) return make_job(mat_of(cx.L->proj[0]), HIDDEN, MLA_Q_N, KSPLIT_IN, cx.splitk(), cx.counters, EPI_MLA_Q, 0);
-  return make_job(mat_of(cx.L->proj[1]), HIDDEN, KVA_N, KSPLIT_IN, cx.splitk() + (size_t)KSPLIT_IN * MLA_Q_N,
+  if (j == 0) return make_job(mat_of(cx.L->proj[0]), HIDDEN, MLA_Q_N, KSPLIT_MLA, cx.splitk(), cx.counters, EPI_MLA_Q, 0);
+  return make_job(mat_of(cx.L->proj[1]), HIDDEN, KVA_N, KSPLIT_MLA, cx.splitk() + (size_t)KSPLIT_MLA * MLA_Q_N,
                   cx.counters + tiles_of(MLA_Q_N), EPI_MLA_KVA, 0);
 }
 
@@ -1220,7 +1221,7 @@ __device__ Job paired_job(Mat gate, Mat up, int ksplit, float* part, unsigned* c
 // memory for the routed phase that follows.
 __device__ Job shared_job(const Ctx& cx, int s) {
   return paired_job(expert_mat(cx.L->shared[0], s, HIDDEN, MOE_INTER), expert_mat(cx.L->shared[1], s, HIDDEN, MOE_INTER),
-                    KSPLIT_IN, cx.splitk() + (size_t)s * KSPLIT_IN * 2 * MOE_INTER, cx.counters + s * tiles_of(MOE_INTER),
+                    KSPLIT_SHARED, cx.splitk() + (size_t)s * KSPLIT_SHARED * 2 * MOE_INTER, cx.counters + s * tiles_of(MOE_INTER),
                     N_ACTIVE + s);
 }
 
