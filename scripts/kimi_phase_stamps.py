@@ -9,7 +9,9 @@ span and in the critical block's release column.
 Inside each GEMV phase, thread 0 also stamps four events: input staged, first weight chunk landed,
 a unit's sums reduced (the last one counts) and all units done. The second table gives their mean
 offsets from the block's release and the same offsets for the phase's critical block (the last to
-arrive), so the critical path of a phase can be read off event by event.
+arrive), so the critical path of a phase can be read off event by event. The third table follows a
+block's first chunks through the weight ring: when each landed, when every warp had read it, and when
+the chunk that refills its slot had been issued (mean block and critical block, first context).
 Medians over several steps. Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384]
 """
 
@@ -31,8 +33,11 @@ from sandbox.candidate import Candidate  # noqa: E402
 from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
 from tasks.kimi_linear.task import KimiTask  # noqa: E402
 
-MAX_STAMPS, MAX_STAMP_BLOCKS, N_EVENTS = 128, 1024, 4   # as in the kernel
+MAX_STAMPS, MAX_STAMP_BLOCKS, STAMPED_CHUNKS = 128, 1024, 6   # as in the kernel
 EVENTS = ["staged", "1st chunk", "computed", "done"]
+CHUNK_EVENTS = ["landed", "read", "issued"]
+N_EVENTS = len(EVENTS) + len(CHUNK_EVENTS) * STAMPED_CHUNKS
+SHOWN_CHUNKS = 4
 STAMP_WORDS = MAX_STAMPS * MAX_STAMP_BLOCKS
 EVENT_WORDS = (MAX_STAMPS // 2) * N_EVENTS * MAX_STAMP_BLOCKS
 KDA_PHASES = ["kda project", "kda delta", "kda o_proj", "router+shared", "routed gate/up", "down"]
@@ -60,9 +65,11 @@ def step_spans(stamps: torch.Tensor, blocks: int, phases: int) -> list[tuple[flo
     return rows
 
 
-def step_events(stamps: torch.Tensor, events: torch.Tensor, blocks: int, phases: int) -> list[list[float]]:
-    """Per phase: mean event offsets (µs from each block's release), then the critical block's release
-    offset (from the phase's first release), its event offsets and its arrival. NaN where absent."""
+def step_events(stamps: torch.Tensor, events: torch.Tensor, blocks: int, phases: int,
+                which: range) -> list[list[float]]:
+    """Per phase, for the events in `which`: mean offsets (µs from each block's release), then the
+    critical block's release offset (from the phase's first release), its event offsets and its
+    arrival. NaN where absent."""
     t = stamps[: 2 * phases, :blocks].double() / 1000.0
     ev = events[:phases, :, :blocks].double() / 1000.0
     rows = []
@@ -70,11 +77,11 @@ def step_events(stamps: torch.Tensor, events: torch.Tensor, blocks: int, phases:
         begin, arrive = t[2 * i], t[2 * i + 1]
         crit = int(arrive.argmax())
         row = []
-        for e in range(N_EVENTS):
+        for e in which:
             have = ev[i, e] > 0
             row.append((ev[i, e][have] - begin[have]).mean().item() if have.any() else float("nan"))
         row.append((begin[crit] - begin.min()).item())
-        for e in range(N_EVENTS):
+        for e in which:
             row.append((ev[i, e, crit] - begin[crit]).item() if ev[i, e, crit] > 0 else float("nan"))
         row.append((arrive[crit] - begin[crit]).item())
         rows.append(row)
@@ -116,7 +123,7 @@ def main() -> None:
             torch.cuda.synchronize(dev)
             if i >= 2:
                 runs.append(step_spans(stamps.cpu(), blocks, len(names)))
-                event_runs.append(step_events(stamps.cpu(), events.cpu(), blocks, len(names)))
+                event_runs.append(step_events(stamps.cpu(), events.cpu(), blocks, len(names), range(N_EVENTS)))
         per_ctx[ctx] = runs
         per_ctx_events[ctx] = event_runs
     t = Table(title=f"Per-phase timeline, µs (median of {args.steps} steps; {blocks} blocks)")
@@ -146,10 +153,31 @@ def main() -> None:
             e.add_column(f"crit {name}", justify="right")
         for i, name in enumerate(names):
             vals = [nan_median([r[i][k] for r in per_ctx_events[ctx]]) for k in range(2 * N_EVENTS + 2)]
-            if all(v != v for v in vals[:N_EVENTS]):
+            if all(v != v for v in vals[: len(EVENTS)]):
                 continue
-            e.add_row(name, *["-" if v != v else f"{v:.1f}" for v in vals])
+            shown = vals[: len(EVENTS)] + vals[N_EVENTS : N_EVENTS + 1 + len(EVENTS)] + vals[-1:]
+            e.add_row(name, *["-" if v != v else f"{v:.1f}" for v in shown])
         console.print(e)
+    print_chunks(names, per_ctx_events[args.ctx[0]], args.ctx[0], console)
+
+
+def print_chunks(names: list[str], event_runs: list[list[list[float]]], ctx: int, console: Console) -> None:
+    """The ring's chunk events of each GEMV phase, mean block and critical block (µs from its release)."""
+    c = Table(title=f"Weight-ring chunks @{ctx}, µs from the block's release (median of {len(event_runs)} steps)")
+    c.add_column("phase")
+    c.add_column("block")
+    for k in range(SHOWN_CHUNKS):
+        for name in CHUNK_EVENTS:
+            c.add_column(f"c{k} {name}", justify="right")
+    first = len(EVENTS)
+    for i, name in enumerate(names):
+        vals = [nan_median([r[i][k] for r in event_runs]) for k in range(2 * N_EVENTS + 2)]
+        if vals[first] != vals[first]:
+            continue
+        for who, base in (("mean", 0), ("crit", N_EVENTS + 1)):
+            cells = vals[base + first : base + first + len(CHUNK_EVENTS) * SHOWN_CHUNKS]
+            c.add_row(name if who == "mean" else "", who, *["-" if v != v else f"{v:.1f}" for v in cells])
+    console.print(c)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,21 @@ def test_events_are_read_for_the_critical_block_and_averaged_over_blocks_that_ha
     events = torch.zeros(2, stamps_mod.N_EVENTS, 4, dtype=torch.int64)
     events[1, 0, :3] = torch.tensor([25, 26, 27]) * US      # phase 1, "staged", every block
     events[1, 3, 2] = 38 * US                               # phase 1, "done", only block 2
-    row = stamps_mod.step_events(two_phase_stamps(), events, blocks=3, phases=2)[1]
+    row = stamps_mod.step_events(two_phase_stamps(), events, blocks=3, phases=2, which=range(4))[1]
     staged, first, computed, done, released, c_staged, c_first, c_computed, c_done, arrived = row
     assert math.isclose(staged, (4 + 4 + 4) / 3) and math.isnan(first) and math.isnan(computed)
     assert done == 15.0                                     # only block 2 stamped it: 38 - 23
     assert released == 2.0 and c_staged == 4.0 and c_done == 15.0 and arrived == 17.0   # block 2 is last
     assert math.isnan(c_first)
     assert stamps_mod.nan_median([float("nan"), 3.0, 1.0]) == 2.0
+
+
+def test_chunk_events_come_after_the_phase_events_in_the_kernel_layout():
+    events = torch.zeros(2, stamps_mod.N_EVENTS, 4, dtype=torch.int64)
+    landed_c1 = len(stamps_mod.EVENTS) + len(stamps_mod.CHUNK_EVENTS)   # chunk 1, "landed"
+    events[1, landed_c1, :3] = torch.tensor([24, 25, 30]) * US
+    row = stamps_mod.step_events(two_phase_stamps(), events, blocks=3, phases=2,
+                                 which=range(stamps_mod.N_EVENTS))[1]
+    assert stamps_mod.N_EVENTS == 4 + 3 * 6
+    assert math.isclose(row[landed_c1], (3 + 3 + 7) / 3)
+    assert row[stamps_mod.N_EVENTS + 1 + landed_c1] == 7.0   # the critical block (2): 30 - 23

@@ -23,9 +23,11 @@
 // cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
 // high + low parts.
 //
-// Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; nibbles become fp16 (1024 + q) with
-// one LOP3 each, 1024 is subtracted exactly, and q * x accumulates in fp16 over 16 products;
-// then y += scale * (sum q*x - zero * sum x) in fp32 (the zero point folds out exactly).
+// Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; each pair of nibbles becomes an fp16 pair
+// (1024 + q or 1024 + 16q) with one LOP3, then exactly q with one HSUB2 or HFMA2, and q * x accumulates
+// in fp16 over 16 products; then y += scale * (sum q*x - zero * sum x) in fp32 (the zero point folds
+// out exactly). A chunk's partial sums are folded into a per-warp row in shared memory, so the two
+// matrices of a gate/up pair can alternate chunk by chunk.
 //
 // Dimensions arrive as -D from the task (HIDDEN, KDA_H, ...); knobs below are tuned by the agent
 // (declared in the order the tuner should try them: work split first, launch shape last).
@@ -35,7 +37,7 @@
 // @knob KSPLIT_GU 8 {4,6,8,9,12} K slices of the routed experts' gate/up (8: 256 units, one per block)
 // @knob KSPLIT_DOWN 4 {1,2,3,4,8} K slices of each expert's down projection
 // @knob KSPLIT_SHARED 18 {6,9,12,18,36} K slices of the shared expert's gate/up
-// @knob KSPLIT_MLA 18 {6,9,12,18} K slices of the MLA q/kv_a projections
+// @knob KSPLIT_MLA 9 {6,9,12,18} K slices of the MLA q/kv_a projections
 // @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
 // @knob ATTN_MAX_SPLITS 128 {32,64,128} most context splits per head group in MLA attention
@@ -88,12 +90,9 @@ static_assert(KDA_D % 16 == 0 && KDA_D % (THREADS / 16) == 0, "delta-rule thread
 static_assert(MLA_H % ATT_HG == 0, "attention head groups");
 static_assert(KV_LORA % (8 * WARPS) == 0 && QK_ROPE % 16 == 0 && KV_LORA % 16 == 0, "attention MMA tiling");
 static_assert(ATT_K / 16 >= SC_KS, "every score warp needs a K slice");
-static_assert((KV_LORA / 2) % WARPS == 0 && GROUP_ROWS % ((KV_LORA / 2) / WARPS) == 0, "absorb row split");
 static_assert(QK_ROPE % 8 == 0 && KV_LORA % 8 == 0, "16-byte cache rows");
 static_assert(N_EXPERTS <= THREADS, "one thread per router logit");
 static_assert(N_ACTIVE <= 16 && N_SHARED <= 4, "routing slots live in a small shared-memory area");
-static_assert(((KV_LORA / 2) / WARPS) % (32 / (QK_NOPE / 16)) == 0, "q absorb rows per warp");
-static_assert(((KV_LORA / 2) / WARPS) % (32 / (V_HEAD / 16)) == 0, "v absorb rows per warp");
 
 // Scratch (floats): every intermediate that crosses blocks. Offsets are compile-time.
 constexpr size_t OFF_QKVG = 0;                                           // q, k, v (post conv), log-decay
@@ -111,11 +110,17 @@ constexpr size_t SPLITK_FLOATS = (size_t)imax(
     imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_MLA * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
     imax(imax(N_SHARED * KSPLIT_SHARED, N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
-constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4;
+constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4 + 3 * 6;   // see Event
 constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
 constexpr size_t SCRATCH_FLOATS = PHASE_STAMPS ? OFF_EVENTS + (size_t)MAX_STAMPS * N_EVENTS * MAX_STAMP_BLOCKS : OFF_STAMPS;
-constexpr int COUNTER_WORDS = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +
-                              N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN) + 32;
+constexpr int ABSORB_PARTS = 8;                                          // MLA absorb units per head
+constexpr int ABSORB_ROWS = (KV_LORA / 2) / ABSORB_PARTS;                 // packed W_kv_b rows per unit
+static_assert((KV_LORA / 2) % ABSORB_PARTS == 0 && ABSORB_PARTS * MLA_O_K <= SPLITK_FLOATS, "absorb parts");
+static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V_HEAD / 16)) == 0 &&
+              GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
+constexpr int CNT_MERGE = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +   // after the tile counters:
+                          N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN);            // one per MLA head
+constexpr int COUNTER_WORDS = CNT_MERGE + MLA_H + 32;
 constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
 
 // Shared memory: one dynamic buffer, carved per phase kind.
@@ -127,8 +132,8 @@ constexpr size_t RING_W_BYTES = (size_t)CHUNK_ROWS * TILE;               // pack
 constexpr size_t RING_G_BYTES = 2 * (size_t)TILE;                         // one group's bf16 scales (or zeros)
 constexpr size_t RING_SLOT = RING_W_BYTES + 2 * CHUNK_GROUPS * RING_G_BYTES;
 constexpr size_t SM_XH = 0;                                               // half[X_MAX]
-constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[WARPS*TILE]
-constexpr size_t SM_SUMS = SM_RED + 4 * (size_t)WARPS * TILE;             // float[2*TILE]
+constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[2][WARPS][TILE]: a unit's per-warp sums
+constexpr size_t SM_SUMS = SM_RED + 4 * 2 * (size_t)WARPS * TILE;         // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
 constexpr size_t SM_JOBS = SM_MISC + ((256 + 4 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
 constexpr size_t JOBS_BYTES = 2048;
@@ -149,7 +154,7 @@ constexpr size_t SA_PL = SA_PH + 2 * 16 * (size_t)P_STRIDE;               // bf1
 constexpr size_t SA_STAT = SA_PL + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
 constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * 16;
 static_assert(SA_CK % 16 == 0 && SA_KR % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
-constexpr size_t SM_MERGE_BYTES = 4 * ((size_t)KV_LORA + 2 * ATTN_MAX_SPLITS + (size_t)WARPS * 512 + 512);
+constexpr size_t SM_MERGE_BYTES = 4 * (2 * ATTN_MAX_SPLITS + 2 * ABSORB_ROWS + 2 * THREADS + (size_t)WARPS * V_HEAD + 2);
 constexpr size_t DYN_SMEM = imax(imax((int)SM_GEMV_BYTES, (int)SM_ATTN_BYTES), (int)SM_MERGE_BYTES);
 
 MK_LAUNCH_CONTRACT(THREADS, BLOCKS_PER_SM, DYN_SMEM, 4 * SCRATCH_FLOATS, COUNTER_WORDS)
@@ -200,9 +205,21 @@ __device__ __forceinline__ __half2 u32_as_half2(unsigned v) {
   memcpy(&h, &v, sizeof(h));
   return h;
 }
-// Nibbles at bits 0-3 and 16-19 of v -> exact fp16 pair: (0x6400 | q) is 1024 + q, minus 1024.
-__device__ __forceinline__ __half2 nibbles_to_half2(unsigned v) {
-  return __hsub2(u32_as_half2((v & 0x000F000Fu) | 0x64006400u), u32_as_half2(0x64006400u));
+// Int4 -> exact fp16 pairs with one LOP3 each (the integer pipe runs at half the FP16 rate, and the old
+// shift + AND + OR per pair made the GEMV phases issue-bound there): (v & mask) | 0x6400 is 1024 + q
+// for the nibble at bits 0-3 (and 16-19), 1024 + 16q for the one at bits 4-7; a HSUB2 or a HFMA2 by
+// 1/16 then gives q exactly. Only the upper byte of each half needs a shift.
+__device__ __forceinline__ unsigned and_or(unsigned a, unsigned mask, unsigned bits) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));   // (a & mask) | bits
+  return d;
+}
+__device__ __forceinline__ __half2 nibbles_lo(unsigned v) {   // bits 0-3 and 16-19
+  return __hsub2(u32_as_half2(and_or(v, 0x000F000Fu, 0x64006400u)), u32_as_half2(0x64006400u));
+}
+__device__ __forceinline__ __half2 nibbles_hi(unsigned v) {   // bits 4-7 and 20-23
+  return __hfma2(u32_as_half2(and_or(v, 0x00F000F0u, 0x64006400u)), u32_as_half2(0x2C002C00u),   // x 1/16
+                 u32_as_half2(0xD400D400u));                                                          // - 64
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -249,9 +266,12 @@ struct Ctx {
   __device__ float* splitk() const { return scratch + OFF_SPLITK; }
 };
 
-// Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 right after a __syncthreads.
-enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE };   // input staged, first chunk landed,
-                                                                 // a unit's sums reduced, all units done
+// Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 (the first four right after a
+// __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
+// done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
+enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE, EV_CHUNK };
+enum ChunkEvent { CH_LANDED, CH_READ, CH_ISSUED };
+constexpr int STAMPED_CHUNKS = 6;
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -260,12 +280,15 @@ __device__ __forceinline__ unsigned long long global_ns() {
 #if PHASE_STAMPS
 __shared__ int stamp_phase;   // the phase this block is in; kept by Barrier::stamp
 #endif
-__device__ __forceinline__ void mark(const Ctx& cx, Event ev) {
+__device__ __forceinline__ void mark(const Ctx& cx, int ev) {
 #if PHASE_STAMPS
-  if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2)
+  if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2 && ev < N_EVENTS)
     reinterpret_cast<unsigned long long*>(cx.scratch + OFF_EVENTS)
         [((size_t)stamp_phase * N_EVENTS + ev) * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
 #endif
+}
+__device__ __forceinline__ void mark_chunk(const Ctx& cx, int chunk, ChunkEvent ev) {
+  if (chunk < STAMPED_CHUNKS) mark(cx, EV_CHUNK + 3 * chunk + ev);
 }
 
 // ================================ staging the GEMV input ================================
@@ -352,10 +375,11 @@ __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_
     const unsigned v[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3; a[2j] = (4j, 4j+2), a[2j+1] = (4j+1, 4j+3)
-      a[2 * j] = __hfma2(nibbles_to_half2(v[j]), xe, a[2 * j]);
-      a[2 * j] = __hfma2(nibbles_to_half2(v[j] >> 4), xo, a[2 * j]);
-      a[2 * j + 1] = __hfma2(nibbles_to_half2(v[j] >> 8), xe, a[2 * j + 1]);
-      a[2 * j + 1] = __hfma2(nibbles_to_half2(v[j] >> 12), xo, a[2 * j + 1]);
+      const unsigned hi_bytes = v[j] >> 8;
+      a[2 * j] = __hfma2(nibbles_lo(v[j]), xe, a[2 * j]);
+      a[2 * j] = __hfma2(nibbles_hi(v[j]), xo, a[2 * j]);
+      a[2 * j + 1] = __hfma2(nibbles_lo(hi_bytes), xe, a[2 * j + 1]);
+      a[2 * j + 1] = __hfma2(nibbles_hi(hi_bytes), xo, a[2 * j + 1]);
     }
   }
   // y[col] += scale * (sum q*x - zero * sum x); word j of sraw/zraw holds columns 2j, 2j+1
@@ -372,24 +396,36 @@ __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_
   }
 }
 
-// out[0..TILE) = sum over warps of acc (fixed order), then acc = 0.
-__device__ void reduce_tile(float* acc, float* red, float* out) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int seg = lane & 15, par = lane >> 4;
+// Add this lane's 16 column sums of one chunk into its warp's row of the unit's sums (`row`, this
+// warp's own: no block barrier), then zero them. The first chunk of a (unit, matrix) stores instead.
+__device__ void fold_chunk(float* acc, float* row, bool first) {
+  const int lane = threadIdx.x & 31, seg = lane & 15, par = lane >> 4;
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] += __shfl_down_sync(0xffffffffu, acc[i], 16);
   if (par == 0) {
-    float4* dst = reinterpret_cast<float4*>(red + warp * TILE + seg * 16);
+    float4* dst = reinterpret_cast<float4*>(row + seg * 16);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dst[i] = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+    for (int i = 0; i < 4; ++i) {
+      float4 v = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      if (!first) {
+        const float4 o = dst[i];
+        v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+      }
+      dst[i] = v;
+    }
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  __syncthreads();
-  for (int t = threadIdx.x; t < TILE; t += THREADS) {
+}
+
+// sums[m*TILE + t] = sum over warps of the unit's per-warp rows (fixed order). The caller has passed
+// a block barrier since the last fold_chunk.
+__device__ void reduce_unit(const float* red, float* sums, int nm) {
+  for (int t = threadIdx.x; t < nm * TILE; t += THREADS) {
+    const int m = t / TILE, c = t % TILE;
     float v = 0.0f;
-    for (int ww = 0; ww < WARPS; ++ww) v += red[ww * TILE + t];
-    out[t] = v;
+    for (int w = 0; w < WARPS; ++w) v += red[(m * WARPS + w) * TILE + c];
+    sums[t] = v;
   }
   __syncthreads();
 }
@@ -620,8 +656,8 @@ __device__ Chunk next_chunk(const Job* jobs, int total, Chunk c) {
   int rem, s0, s1;
   const Job& jb = jobs[job_of(jobs, c.unit, rem)];
   slab_range(jb, rem % jb.ksplit, s0, s1);
-  if (c.slab + CHUNK_SLABS < s1) return Chunk{c.unit, c.m, c.slab + CHUNK_SLABS};
-  if (c.m < jb.paired) return Chunk{c.unit, c.m + 1, s0};
+  if (c.m < jb.paired) return Chunk{c.unit, c.m + 1, c.slab};   // a pair alternates its matrices, so both
+  if (c.slab + CHUNK_SLABS < s1) return Chunk{c.unit, 0, c.slab + CHUNK_SLABS};   // are in flight from the start
   return unit_chunk(jobs, total, c.unit + gridDim.x);
 }
 
@@ -671,30 +707,30 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  int slot = 0;
-  bool first = true;
+  int slot = 0, k = 0;
   Chunk c = unit_chunk(jobs, total, blockIdx.x);
   Chunk nx = c.unit < total ? next_chunk(jobs, total, c) : c;
-  for (; c.unit < total; slot ^= 1) {
+  for (; c.unit < total; slot ^= 1, ++k) {
     cp_async_wait<1>();   // groups complete in order: only chunk i+1's may still be pending
     __syncthreads();
-    if (first) mark(cx, EV_FIRST_CHUNK);
-    first = false;
+    if (k == 0) mark(cx, EV_FIRST_CHUNK);
+    mark_chunk(cx, k, CH_LANDED);
     int rem, s0, s1;
     const Job& jb = jobs[job_of(jobs, c.unit, rem)];
     const int tile = rem / jb.ksplit, split = rem % jb.ksplit;
     slab_range(jb, split, s0, s1);
     gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, s1), sm.xh() + jb.x_off, acc);
+    fold_chunk(acc, sm.red() + (c.m * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == s0);
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
-    __syncthreads();   // the slot is read
+    __syncthreads();   // the slot is read, the folds are visible
+    mark_chunk(cx, k, CH_READ);
     if (nn.unit < total) issue_chunk(jobs, nn, sm.ring(slot));
     cp_async_commit();
-    if (nx.unit != c.unit || nx.m != c.m) {
-      reduce_tile(acc, sm.red(), sm.sums() + c.m * TILE);
-      if (c.m == jb.paired) {
-        mark(cx, EV_COMPUTED);
-        finish_unit(jb, tile, split, cx, sm);
-      }
+    mark_chunk(cx, k, CH_ISSUED);
+    if (nx.unit != c.unit) {
+      reduce_unit(sm.red(), sm.sums(), 1 + jb.paired);
+      mark(cx, EV_COMPUTED);
+      finish_unit(jb, tile, split, cx, sm);
     }
     c = nx;
     nx = nn;
@@ -824,48 +860,60 @@ __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
   run_jobs(sm.jobs(), n, cx, sm);
 }
 
+// Int4 row of W_kv_b for the absorbs: 16 columns at `col` of packed row r (latent indices 2r, 2r+1) and
+// the scales and zeros of its group. Every load is independent, so a lane has them all in flight at once.
+struct AbsorbRow {
+  unsigned v[4];
+  float s[16], z[16];
+  __device__ void load(const QW& W, int r, int col) {
+    const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + (size_t)r * KVB_N + col));
+    const size_t gcol = (size_t)(r / GROUP_ROWS) * KVB_N + col;
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + gcol)), s);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + gcol + 8)), s + 8);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + gcol)), z);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + gcol + 8)), z + 8);
+    v[0] = wv.x; v[1] = wv.y; v[2] = wv.z; v[3] = wv.w;
+  }
+  __device__ float lo(int i) const { return (float)((v[i / 4] >> (8 * (i % 4))) & 0xfu); }
+  __device__ float hi(int i) const { return (float)((v[i / 4] >> (8 * (i % 4) + 4)) & 0xfu); }
+};
+
 // q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).
-__device__ void mla_absorb_q(const Ctx& cx, const Smem& sm) {
-  constexpr int LPR = QK_NOPE / 16, RPS = 32 / LPR, RW = (KV_LORA / 2) / WARPS;
+// Units are (head, part of the latent rows), so the grid shares the work and each unit is one round
+// trip: a lane loads its q slice, its weight row and its group's scales together.
+__device__ void mla_absorb_q(const Ctx& cx) {
+  constexpr int LPR = QK_NOPE / 16, RPS = 32 / LPR;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
   const QW& W = cx.L->proj[2];
-  float* q = sm.red();
-  for (int h = blockIdx.x; h < MLA_H; h += gridDim.x) {
-    for (int d = threadIdx.x; d < QK_NOPE; d += THREADS) q[d] = __ldcg(cx.qn() + h * QK_NOPE + d);
-    __syncthreads();
+  for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
+    const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
     const int col = h * KVB_HEAD + seg * 16;
-    const int g = (warp * RW) / GROUP_ROWS;
-    float s[16], z[16], a[16];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + (size_t)g * KVB_N + col)), s);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + (size_t)g * KVB_N + col + 8)), s + 8);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + (size_t)g * KVB_N + col)), z);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + (size_t)g * KVB_N + col + 8)), z + 8);
-    float zs = 0.0f;
+    for (int it = warp; it < ABSORB_ROWS / RPS; it += WARPS) {
+      const int r = part * ABSORB_ROWS + it * RPS + lane / LPR;
+      AbsorbRow w;
+      w.load(W, r, col);
+      float q[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) { a[i] = s[i] * q[seg * 16 + i]; zs += z[i] * a[i]; }
+      for (int i = 0; i < 4; ++i) {
+        const float4 f = __ldcg(reinterpret_cast<const float4*>(cx.qn() + h * QK_NOPE + seg * 16) + i);
+        q[4 * i] = f.x; q[4 * i + 1] = f.y; q[4 * i + 2] = f.z; q[4 * i + 3] = f.w;
+      }
+      float a[16], zs = 0.0f;
 #pragma unroll
-    for (int it = 0; it < RW / RPS; ++it) {   // unrolled: every row's load is in flight at once
-      const int r = warp * RW + lane / LPR + it * RPS;
-      const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + (size_t)r * KVB_N + col));
-      const unsigned v[4] = {wv.x, wv.y, wv.z, wv.w};
+      for (int i = 0; i < 16; ++i) { a[i] = w.s[i] * q[i]; zs += w.z[i] * a[i]; }
       float lo = -zs, hi = -zs;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const unsigned byte = (v[i / 4] >> (8 * (i % 4))) & 0xffu;
-        lo += (float)(byte & 0xfu) * a[i];
-        hi += (float)(byte >> 4) * a[i];
+        lo += w.lo(i) * a[i];
+        hi += w.hi(i) * a[i];
       }
 #pragma unroll
       for (int o = 1; o < LPR; o <<= 1) {
         lo += __shfl_xor_sync(0xffffffffu, lo, o);
         hi += __shfl_xor_sync(0xffffffffu, hi, o);
       }
-      if (seg == 0) {
-        cx.qeff()[h * KV_LORA + 2 * r] = lo;
-        cx.qeff()[h * KV_LORA + 2 * r + 1] = hi;
-      }
+      if (seg == 0) *reinterpret_cast<float2*>(cx.qeff() + h * KV_LORA + 2 * r) = make_float2(lo, hi);
     }
-    __syncthreads();
   }
 }
 
@@ -1085,21 +1133,31 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
 }
 
 // Merge the context splits of each head, then o[h] = ctx[h] W_uv (absorbs the value up-projection).
+// Units are (head, part of the latent columns): a unit merges its ctx slice over every split and
+// multiplies it by the matching W_uv rows; the last part of a head to finish (arrival counter) adds
+// the parts in a fixed order. One block per head used to read every split's whole context serially.
 __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
-  constexpr int LPR = V_HEAD / 16, RPS = 32 / LPR, RW = (KV_LORA / 2) / WARPS;
-  float* ctx = reinterpret_cast<float*>(sm.base);
-  float* wts = ctx + KV_LORA;
-  float* red = wts + ATTN_MAX_SPLITS;    // [WARPS][V_HEAD]
-  float* tot = red + WARPS * 512;
+  constexpr int LPR = V_HEAD / 16, RPS = 32 / LPR, PAIRS = ABSORB_ROWS, PH = THREADS / PAIRS;
+  constexpr int ROW_WARPS = ABSORB_ROWS / RPS < WARPS ? ABSORB_ROWS / RPS : WARPS;
+  static_assert(THREADS % PAIRS == 0 && (ABSORB_ROWS % RPS) == 0, "merge thread split");
+  float* wts = reinterpret_cast<float*>(sm.base);   // per split: weight exp(m_s - M), after its max
+  float* msum = wts + ATTN_MAX_SPLITS;              // per split: sum-exp
+  float* ctx = msum + ATTN_MAX_SPLITS;              // [2 * PAIRS] merged latent slice
+  float2* acc2 = reinterpret_cast<float2*>(ctx + 2 * PAIRS);   // [PH][PAIRS]
+  float* red = reinterpret_cast<float*>(acc2 + PH * PAIRS);    // [ROW_WARPS][V_HEAD]
+  float* tot = red + ROW_WARPS * V_HEAD;
+  int* last = reinterpret_cast<int*>(tot + 1);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
   const int nsplit = attn_splits(cx.ctx_len + 1);
   const QW& W = cx.L->proj[2];
-  float* msum = tot + 1;   // per split: running max, then sum-exp (read in parallel, reduced by one thread)
-  for (int h = blockIdx.x; h < MLA_H; h += gridDim.x) {
+  float* opart = cx.splitk();   // [ABSORB_PARTS][MLA_H][V_HEAD]
+  unsigned* count = cx.counters + CNT_MERGE;
+  for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
+    const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
     for (int s = threadIdx.x; s < nsplit; s += THREADS) {
-      const float* part = cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE;
-      wts[s] = __ldcg(part);
-      msum[s] = __ldcg(part + 1);
+      const float* pt = cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE;
+      wts[s] = __ldcg(pt);
+      msum[s] = __ldcg(pt + 1);
     }
     __syncthreads();
     if (warp == 0) {
@@ -1115,55 +1173,69 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
       if (lane == 0) *tot = L;
     }
     __syncthreads();
-    for (int c2 = threadIdx.x; c2 < KV_LORA / 2; c2 += THREADS) {
+    {   // this part's latent pairs: thread (ph, pair) sums every PH-th split, 16 loads in flight
+      const int pair = threadIdx.x % PAIRS, ph = threadIdx.x / PAIRS;
+      const float2* src = reinterpret_cast<const float2*>(cx.apart() + (size_t)h * APART_STRIDE + 2) + part * PAIRS + pair;
       float2 v = make_float2(0.0f, 0.0f);
-      for (int s0 = 0; s0 < nsplit; s0 += 32) {   // 32 loads in flight: one L2 round trip per 32 splits
-        float2 x[32];
+      for (int s0 = ph; s0 < nsplit; s0 += 16 * PH) {
+        float2 x[16];
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
-          x[i] = s0 + i < nsplit
-                     ? __ldcg(reinterpret_cast<const float2*>(cx.apart() + ((size_t)(s0 + i) * MLA_H + h) * APART_STRIDE + 2) + c2)
-                     : make_float2(0.0f, 0.0f);
+        for (int i = 0; i < 16; ++i) {
+          const int s = s0 + i * PH;
+          x[i] = s < nsplit ? __ldcg(src + (size_t)s * MLA_H * APART_STRIDE / 2) : make_float2(0.0f, 0.0f);
+        }
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
-          if (s0 + i < nsplit) { v.x += wts[s0 + i] * x[i].x; v.y += wts[s0 + i] * x[i].y; }
+        for (int i = 0; i < 16; ++i)
+          if (s0 + i * PH < nsplit) { v.x += wts[s0 + i * PH] * x[i].x; v.y += wts[s0 + i * PH] * x[i].y; }
       }
-      ctx[2 * c2] = v.x / *tot;
-      ctx[2 * c2 + 1] = v.y / *tot;
+      acc2[ph * PAIRS + pair] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < PAIRS) {
+      float2 v = make_float2(0.0f, 0.0f);
+      for (int p = 0; p < PH; ++p) { v.x += acc2[p * PAIRS + threadIdx.x].x; v.y += acc2[p * PAIRS + threadIdx.x].y; }
+      ctx[2 * threadIdx.x] = v.x / *tot;
+      ctx[2 * threadIdx.x + 1] = v.y / *tot;
     }
     __syncthreads();
     const int col = h * KVB_HEAD + QK_NOPE + seg * 16;
-    const int g = (warp * RW) / GROUP_ROWS;
-    float s[16], z[16], acc[16];
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + (size_t)g * KVB_N + col)), s);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + (size_t)g * KVB_N + col + 8)), s + 8);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + (size_t)g * KVB_N + col)), z);
-    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + (size_t)g * KVB_N + col + 8)), z + 8);
+    float acc[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+    for (int it = warp; it < ABSORB_ROWS / RPS; it += WARPS) {
+      const int rl = it * RPS + lane / LPR;   // packed row inside the part
+      AbsorbRow w;
+      w.load(W, part * ABSORB_ROWS + rl, col);
+      const float x0 = ctx[2 * rl], x1 = ctx[2 * rl + 1];
 #pragma unroll
-    for (int it = 0; it < RW / RPS; ++it) {   // unrolled: every row's load is in flight at once
-      const int r = warp * RW + lane / LPR + it * RPS;
-      const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + (size_t)r * KVB_N + col));
-      const unsigned v[4] = {wv.x, wv.y, wv.z, wv.w};
-      const float x0 = ctx[2 * r], x1 = ctx[2 * r + 1];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const unsigned byte = (v[i / 4] >> (8 * (i % 4))) & 0xffu;
-        acc[i] += s[i] * (((float)(byte & 0xfu) - z[i]) * x0 + ((float)(byte >> 4) - z[i]) * x1);
-      }
+      for (int i = 0; i < 16; ++i) acc[i] += w.s[i] * ((w.lo(i) - w.z[i]) * x0 + (w.hi(i) - w.z[i]) * x1);
     }
 #pragma unroll
     for (int i = 0; i < 16; ++i)
       for (int o = LPR; o < 32; o <<= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
-    if (lane < LPR)
+    if (warp < ROW_WARPS && lane < LPR)
       for (int i = 0; i < 16; ++i) red[warp * V_HEAD + seg * 16 + i] = acc[i];
     __syncthreads();
     for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
       float v = 0.0f;
-      for (int w = 0; w < WARPS; ++w) v += red[w * V_HEAD + d];
-      cx.attn_o()[h * V_HEAD + d] = bf16r(v);
+      for (int w = 0; w < ROW_WARPS; ++w) v += red[w * V_HEAD + d];
+      opart[((size_t)part * MLA_H + h) * V_HEAD + d] = v;
     }
+    __syncthreads();
+    if (threadIdx.x == 0) {   // publish as finish_unit does: block barrier, then fence and counter
+      __threadfence();
+      const bool done = atomicAdd(count + h, 1u) == ABSORB_PARTS - 1;
+      if (done) count[h] = 0u;
+      __threadfence();
+      *last = done;
+    }
+    __syncthreads();
+    if (*last)
+      for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
+        float v = 0.0f;
+        for (int p = 0; p < ABSORB_PARTS; ++p) v += __ldcg(opart + ((size_t)p * MLA_H + h) * V_HEAD + d);
+        cx.attn_o()[h * V_HEAD + d] = bf16r(v);
+      }
     __syncthreads();
   }
 }
@@ -1383,7 +1455,7 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
     const bool ahead = PREFETCH && l > 0;             // the previous layer issued this layer's first chunks
     if (is_mla_layer(l)) {
       if (attn) mla_project(cx, sm, ahead);       grid.sync();   // q (+RoPE), cache row append (+RoPE)
-      if (attn) mla_absorb_q(cx, sm);             grid.sync();   // q_eff = W_uk^T q_nope
+      if (attn) mla_absorb_q(cx);                 grid.sync();   // q_eff = W_uk^T q_nope
       if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
       if (attn) mla_merge_absorb_v(cx, sm);       grid.sync(JS_MLA_OUT, cx, sm);   // merge splits, o = ctx W_uv
     } else {
