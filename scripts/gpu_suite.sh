@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session session_bg session_wait reexec compare stamps phases host validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session session_bg session_wait reexec compare stamps phases host probe validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -60,14 +60,18 @@ for step in "$@"; do
     stamps) timeout 300 python3 scripts/kimi_phase_stamps.py ${STAMPS_KERNEL:-} 2>&1 | tee "$OUT/stamps.log" ;;
     phases) timeout 300 python3 scripts/kimi_phase_profile.py 2>&1 | tee "$OUT/phases.log" ;;
     host) timeout 300 python3 scripts/kimi_host_cost.py 2>&1 | tee "$OUT/host.log" ;;
+    probe) timeout 120 python3 scripts/stream_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
       BENCH_TASKS=kimi_linear bash "$0" bench
+      bash "$0" host > /dev/null 2>&1; tail -8 "$OUT/host.log"
       bash "$0" stamps > /dev/null 2>&1; head -32 "$OUT/stamps.log"
       bash "$0" kimi > "$OUT/kimi_tests.out" 2>&1 & p1=$!
       bash "$0" upstream > "$OUT/upstream.out" 2>&1 & p2=$!
       bash "$0" agent > "$OUT/agent_tests.out" 2>&1 & p3=$!
-      wait $p1 $p2 $p3
+      bash "$0" sandbox > "$OUT/sandbox_tests.out" 2>&1 & p4=$!
+      wait $p1 $p2 $p3 $p4
       tail -3 "$OUT/kimi_tests.out"; tail -9 "$OUT/upstream.out"; tail -3 "$OUT/agent_tests.out"
+      tail -3 "$OUT/sandbox_tests.out"
       rm -f "$OUT"/*.out "$OUT"/*.err ;;   # at most 8 files come back from the device
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;

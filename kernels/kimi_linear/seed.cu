@@ -558,8 +558,10 @@ __device__ void epilogue(const Job& jb, int tile, const Ctx& cx, const Smem& sm)
 }
 
 // sums[m*TILE + t] = sum over the tile's partial slots (fixed order: deterministic). A thread owns 4
-// columns of one matrix and every P-th slot, with 8 loads in flight at a time; the P per-thread sums
-// are then added in order. Reading the slots one dependent batch at a time cost ~5 µs for 36 slots.
+// columns of one matrix and every P-th slot, with SUM_BATCH loads in flight at a time (one batch covers
+// the default knobs' slots: 9 per thread in down and the shared expert); the P per-thread sums are then
+// added in order. Reading the slots one dependent batch at a time cost ~5 µs for 36 slots.
+constexpr int SUM_BATCH = 10;
 __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
   const int nm = 1 + jb.paired;
   constexpr int Q = TILE / 4;                   // float4 columns of one matrix
@@ -569,15 +571,15 @@ __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
   if (col0 + 4 * q < jb.N) {
     const float* base = jb.part + (size_t)m * jb.N + col0 + 4 * q;
     const size_t stride = (size_t)nm * jb.N;
-    for (int s0 = ph; s0 < jb.nslots; s0 += 8 * P) {
-      float4 v[8];
+    for (int s0 = ph; s0 < jb.nslots; s0 += SUM_BATCH * P) {
+      float4 v[SUM_BATCH];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < SUM_BATCH; ++i) {
         const int s = s0 + i * P;
         v[i] = s < jb.nslots ? __ldcg(reinterpret_cast<const float4*>(base + (size_t)s * stride)) : tot;
       }
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < SUM_BATCH; ++i)
         if (s0 + i * P < jb.nslots) { tot.x += v[i].x; tot.y += v[i].y; tot.z += v[i].z; tot.w += v[i].w; }
     }
   }

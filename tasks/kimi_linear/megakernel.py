@@ -70,6 +70,7 @@ class MegakernelModel(KimiBlocks):
         self._launcher: CooperativeLauncher | None = None
         self._params = None
         self._ring: list[torch.Tensor] = []
+        self._ring_ptrs: list[int] = []
         self._ring_next = [0]   # a list, so that the hot path never goes through nn.Module.__setattr__
         self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._mla_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "M"]
@@ -121,6 +122,7 @@ class MegakernelModel(KimiBlocks):
         self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=device)
         self._rope = rope_inv_freq(self.cfg.qk_rope, self.cfg.rope_theta, device)
         self._ring = [torch.empty(self.cfg.hidden, dtype=torch.bfloat16, device=device) for _ in range(2)]
+        self._ring_ptrs = [t.data_ptr() for t in self._ring]
         p.rope_inv_freq = self._rope.data_ptr()
         p.scratch = self._scratch.data_ptr()
         p.counters = self._counters.data_ptr()
@@ -140,8 +142,8 @@ class MegakernelModel(KimiBlocks):
         cap = self._caches.get(layer)
         ours = (
             cap is not None
-            and c_kv.data_ptr() == cap[0].data_ptr()
-            and k_rope.data_ptr() == cap[1].data_ptr()
+            and c_kv.data_ptr() == cap[2]
+            and k_rope.data_ptr() == cap[3]
             and n < cap[0].shape[0]
         )
         if not ours:
@@ -154,6 +156,7 @@ class MegakernelModel(KimiBlocks):
                 )
             cap[0][:n].copy_(c_kv)
             cap[1][:n].copy_(k_rope)
+            cap = (cap[0], cap[1], cap[0].data_ptr(), cap[1].data_ptr())   # the pointers, read once
             self._caches[layer] = cap
         return cap[0], cap[1], n
 
@@ -180,37 +183,50 @@ class MegakernelModel(KimiBlocks):
         if self._launcher is None:
             self._pack(hidden.device)
         p = self._params
-        if hidden.dtype != torch.bfloat16 or hidden.numel() != self.cfg.hidden or not hidden.is_contiguous():
-            raise ValueError(f"hidden must be a contiguous bf16 vector of {self.cfg.hidden}, got {tuple(hidden.shape)}")
+        ring = self._ring
+        if hidden is ring[0] or hidden is ring[1]:   # the previous step's output: ours, checked, aligned
+            hidden_ptr = self._ring_ptrs[hidden is ring[1]]
+        else:
+            if hidden.dtype != torch.bfloat16 or hidden.numel() != self.cfg.hidden or not hidden.is_contiguous():
+                raise ValueError(f"hidden must be a contiguous bf16 vector of {self.cfg.hidden}, "
+                                 f"got {tuple(hidden.shape)}")
+            if hidden.data_ptr() % 16:   # the kernel reads the input with 16-byte loads
+                hidden = hidden.clone()
+            hidden_ptr = hidden.data_ptr()
         if len(state) != len(self.cfg.pattern):
             raise ValueError(f"state has {len(state)} layers, the model has {len(self.cfg.pattern)}")
         for i in self._kda_layers:
-            st, lp = state[i], self._layer_params[i]
-            for key in ("S", "cq", "ck", "cv"):
-                if self._validated.get((i, key)) is not st[key]:   # a new tensor object: check it once
-                    self._validate(st[key], i, key)
-                    self._validated[(i, key)] = st[key]
-            lp.S = st["S"].data_ptr()
-            lp.conv_state[0], lp.conv_state[1], lp.conv_state[2] = (
-                st["cq"].data_ptr(), st["ck"].data_ptr(), st["cv"].data_ptr())
+            st = state[i]
+            S, cq, ck, cv = st["S"], st["cq"], st["ck"], st["cv"]
+            seen = self._validated.get(i)
+            if seen is None or seen[0] is not S or seen[1] is not cq or seen[2] is not ck or seen[3] is not cv:
+                for key, t in zip(("S", "cq", "ck", "cv"), (S, cq, ck, cv), strict=True):   # new objects: check once
+                    self._validate(t, i, key)
+                self._validated[i] = (S, cq, ck, cv)
+            lp = self._layer_params[i]
+            lp.S = S.data_ptr()   # pointers are read every step: a checked object may have been re-pointed
+            conv = lp.conv_state
+            conv[0], conv[1], conv[2] = cq.data_ptr(), ck.data_ptr(), cv.data_ptr()
         ctx = None
         for i in self._mla_layers:
-            ckv, krope, n = self._cache_for(i, state[i], hidden.device)
+            _, _, n = self._cache_for(i, state[i], hidden.device)
             if ctx is not None and n != ctx:
                 raise ValueError("all MLA layers must hold the same number of cached tokens")
             ctx = n
-            self._layer_params[i].c_kv, self._layer_params[i].k_rope = ckv.data_ptr(), krope.data_ptr()
-        if hidden.data_ptr() % 16:   # the kernel reads the input with 16-byte loads
-            hidden = hidden.clone()
-        out = self._ring[self._ring_next[0]]
-        self._ring_next[0] ^= 1
-        p.hidden_in = hidden.data_ptr()
-        p.hidden_out = out.data_ptr()
+            cap = self._caches[i]
+            self._layer_params[i].c_kv, self._layer_params[i].k_rope = cap[2], cap[3]
+        slot = self._ring_next[0]
+        out = ring[slot]
+        self._ring_next[0] = slot ^ 1
+        p.hidden_in = hidden_ptr
+        p.hidden_out = self._ring_ptrs[slot]
         p.ctx_len = ctx or 0
         self._launcher.launch(current_stream(hidden.device))
-        for i in self._mla_layers:
-            ckv, krope = self._caches[i]
-            state[i]["c_kv"], state[i]["k_rope"] = ckv[: ctx + 1], krope[: ctx + 1]
+        lora, rope = self.cfg.kv_lora, self.cfg.qk_rope
+        for i in self._mla_layers:   # views of the first ctx + 1 rows (as_strided: the cheapest view op)
+            ckv, krope = self._caches[i][:2]
+            state[i]["c_kv"] = ckv.as_strided((ctx + 1, lora), (lora, 1))
+            state[i]["k_rope"] = krope.as_strided((ctx + 1, rope), (rope, 1))
         return out, state
 
 
