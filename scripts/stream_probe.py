@@ -5,10 +5,11 @@ apart (one column tile of a row-major matrix), with 16-byte cp.async per thread 
 This probe times that pattern against the same bytes laid out contiguously, and against bulk copies
 (cp.async.bulk with an mbarrier: one instruction per contiguous run instead of one per 16 bytes).
 Each of the grid's blocks (2 per SM) streams a 72 KB unit in chunks of 32 + 32 + 8 KB, as a routed
-gate/up unit does, 8 phases back to back in one launch (the ring carries across phases; an empty
-launch is timed and subtracted). Consecutive launches start 8 regions apart and the regions together
-exceed L2, so every byte comes from HBM. This is the steady-state rate of the memory side alone: a
-single-phase launch cannot be timed this way (CuPy's launch costs ~9 us, longer than the phase).
+gate/up unit does, phase after phase in one launch (the ring carries across phases). µs per phase =
+(time of a 12-phase launch - time of a 4-phase launch) / 8: launch cost and ramp cancel, and both
+launches outlast CuPy's ~8 us host cost per launch, so the GPU never waits for the host. Each launch
+starts where the last one stopped in a ring of 12 regions that together exceed L2, so every byte
+comes from HBM. This is the steady-state rate of the memory side alone.
 Usage: python scripts/stream_probe.py [--reps 50]
 """
 
@@ -154,13 +155,12 @@ def main() -> None:
         mod = cupy.RawModule(code=SOURCE, options=("-std=c++17", f"-DSTRIDED={strided}", f"-DBULK={bulk}"))
         kern = mod.get_function("probe")
         kern.max_dynamic_shared_size_bytes = smem
-        empty = time_launches(kern, grid, smem, lambda i: launch_args(0, 1024, 8 * i), args.reps)
         for row_bytes in ((1024, 2304, 4096) if strided else (0,)):
             rb = max(row_bytes, 256)
-            stream = (time_launches(kern, grid, smem, lambda i, rb=rb: launch_args(8, rb, 8 * i),
-                                    args.reps) - empty) / 8
-            t.add_row(name, str(row_bytes or "-"), f"{stream:.2f}", f"{grid * unit / stream / 1e6:.2f}")
-    t.caption = f"empty launch {empty:.2f} µs (subtracted)"
+            long, short = (time_launches(kern, grid, smem, lambda i, n=n, rb=rb: launch_args(n, rb, n * i), args.reps)
+                           for n in (12, 4))
+            phase = (long - short) / 8
+            t.add_row(name, str(row_bytes or "-"), f"{phase:.2f}", f"{grid * unit / phase / 1e6:.2f}")
     Console(width=140).print(t)
 
 
