@@ -134,7 +134,8 @@ class KimiTask(Task):
             for layer in [i for i in _near_ties(run_margins) if i > last][: MAX_TIE_VARIANTS - len(variants)]:
                 branch = flips | {layer}
                 out, st = reference.step(hidden.clone(), Task.clone_state(state), flips=branch)
-                variants.append((f"routing flipped at layer(s) {sorted(branch)}", out, st))
+                margins_here = [round(m, 1) for m in reference.routing_margins]
+                variants.append((f"routing flipped at layer(s) {sorted(branch)} (margins {margins_here})", out, st))
                 pending.append((branch, list(reference.routing_margins), layer))
         reference.routing_margins = margins   # classes refer to the unflipped run
         return variants
