@@ -40,9 +40,9 @@ N_EVENTS = len(EVENTS) + len(CHUNK_EVENTS) * STAMPED_CHUNKS
 SHOWN_CHUNKS = 4
 STAMP_WORDS = MAX_STAMPS * MAX_STAMP_BLOCKS
 EVENT_WORDS = (MAX_STAMPS // 2) * N_EVENTS * MAX_STAMP_BLOCKS
-KDA_PHASES = ["kda project", "kda delta", "kda o_proj", "router+shared", "routed gate/up", "down"]
-MLA_PHASES = ["mla project", "absorb q", "attention", "merge+absorb v", "mla o_proj", "router+shared",
-              "routed gate/up", "down"]
+KDA_PHASES = ["kda project", "kda delta", "kda o_proj", "router", "routed+shared g/u", "down"]
+MLA_PHASES = ["mla project", "absorb q", "attention", "merge+absorb v", "mla o_proj", "router", "routed+shared g/u",
+              "down"]
 
 
 def phase_names(pattern: tuple[str, ...]) -> list[str]:

@@ -34,9 +34,9 @@
 // Run: python run_agent.py bench kernels/kimi_linear/seed.cu
 //
 // @knob KSPLIT_KDA 4 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (4: 256 units of 18 slabs, one per block)
-// @knob KSPLIT_GU 8 {4,6,8,9,12} K slices of the routed experts' gate/up (8: 256 units, one per block)
+// @knob KSPLIT_GU 7 {4,6,7,8,9,12} K slices of the routed experts' gate/up (7: 224 units, + 36 shared = 260)
 // @knob KSPLIT_DOWN 4 {1,2,3,4,8} K slices of each expert's down projection
-// @knob KSPLIT_SHARED 18 {6,9,12,18,36} K slices of the shared expert's gate/up
+// @knob KSPLIT_SHARED 9 {6,9,12,18,36} K slices of the shared expert's gate/up (in the routed phase)
 // @knob KSPLIT_MLA 9 {6,9,12,18} K slices of the MLA q/kv_a projections
 // @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
@@ -108,7 +108,7 @@ constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t SPLITK_FLOATS = (size_t)imax(
     imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_MLA * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
-    imax(imax(N_SHARED * KSPLIT_SHARED, N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
+    imax((N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
 constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4 + 3 * 6;   // see Event
 constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
@@ -220,6 +220,25 @@ __device__ __forceinline__ __half2 nibbles_lo(unsigned v) {   // bits 0-3 and 16
 __device__ __forceinline__ __half2 nibbles_hi(unsigned v) {   // bits 4-7 and 20-23
   return __hfma2(u32_as_half2(and_or(v, 0x00F000F0u, 0x64006400u)), u32_as_half2(0x2C002C00u),   // x 1/16
                  u32_as_half2(0xD400D400u));                                                          // - 64
+}
+
+// Arrival counters. The block barrier before an arrival makes the other threads' writes part of its
+// release (cumulativity); the block barrier after it passes the acquire on to them. One acq_rel atomic
+// replaces __threadfence + atomicAdd + __threadfence (fence.sc.gpu, the strongest and slowest fence).
+__device__ __forceinline__ unsigned atomic_add_acq_rel(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned atomic_add_release(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -435,6 +454,7 @@ __device__ void reduce_unit(const float* red, float* sums, int nm) {
 enum Epi { EPI_CONV, EPI_DECAY, EPI_RESIDUAL, EPI_SWIGLU, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
 enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
 __device__ int begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
+__device__ int job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
 
 struct Mat {
   const unsigned char* wq;
@@ -595,7 +615,7 @@ __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
 }
 
 // Publish this unit's partial; the last unit of the tile sums all partials and runs the epilogue.
-// Arrival: every thread's partial store, a block barrier, then thread 0's fence and counter atomic
+// Arrival: every thread's partial store, a block barrier, then thread 0's acq_rel counter atomic
 // (the release covers the block's stores through the barrier; the same holds for the acquire side).
 __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, const Smem& sm) {
   const int nm = 1 + jb.paired;
@@ -613,11 +633,8 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
         jb.part[((size_t)(jb.slot0 + split) * nm + m) * jb.N + col0 + t] = sums[m * TILE + t] * jb.weight;
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned prev = atomicAdd(jb.count + tile, 1u);
-    const bool last = prev == (unsigned)(jb.nslots - 1);
-    if (last) jb.count[tile] = 0u;    // every arrival is in; ready for the next phase
-    __threadfence();
+    const bool last = atomic_add_acq_rel(jb.count + tile, 1u) == (unsigned)(jb.nslots - 1);
+    if (last) jb.count[tile] = 0u;    // every arrival is in; ready for the next phase (after a grid barrier)
     *sm.flag() = last;
   }
   __syncthreads();
@@ -776,10 +793,12 @@ __device__ Job kda_project_job(const Ctx& cx, int m) {
                   cx.counters + m * tiles_of(C_KDA), m < 3 ? EPI_CONV : EPI_DECAY, m);
 }
 
-// `ahead`: the first weight chunk was issued before the barrier (here and in every GEMV phase below).
+// `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
+// The input is staged before begin_phase: when nothing was issued ahead (the step's first phase),
+// issuing two chunks stalls the threads for microseconds, and the staging used to wait behind it.
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  const int n = begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
   run_jobs(sm.jobs(), n, cx, sm);
@@ -842,8 +861,8 @@ __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
-  const int n = begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
+  const int n = begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -856,8 +875,8 @@ __device__ Job mla_project_job(const Ctx& cx, int j) {
 }
 
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  const int n = begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -1224,11 +1243,9 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
       opart[((size_t)part * MLA_H + h) * V_HEAD + d] = v;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {   // publish as finish_unit does: block barrier, then fence and counter
-      __threadfence();
-      const bool done = atomicAdd(count + h, 1u) == ABSORB_PARTS - 1;
+    if (threadIdx.x == 0) {   // publish as finish_unit does: block barrier, then the counter
+      const bool done = atomic_add_acq_rel(count + h, 1u) == ABSORB_PARTS - 1;
       if (done) count[h] = 0u;
-      __threadfence();
       *last = done;
     }
     __syncthreads();
@@ -1291,34 +1308,41 @@ __device__ Job paired_job(Mat gate, Mat up, int ksplit, float* part, unsigned* c
   return j;
 }
 
-// Router logits (bf16 rows) and the shared experts' SwiGLU activations. The staged x stays in shared
-// memory for the routed phase that follows.
+// Shared experts' gate/up -> SwiGLU activations (act slot N_ACTIVE + s). They run in the routed
+// phase, as its first jobs: their units belong to the grid's first SHARED_UNITS blocks whatever the
+// routing, so those blocks put their chunks in flight at the barrier before the router phase.
+constexpr int SHARED_UNITS = N_SHARED * tiles_of(MOE_INTER) * KSPLIT_SHARED;
 __device__ Job shared_job(const Ctx& cx, int s) {
   return paired_job(expert_mat(cx.L->shared[0], s, HIDDEN, MOE_INTER), expert_mat(cx.L->shared[1], s, HIDDEN, MOE_INTER),
-                    KSPLIT_SHARED, cx.splitk() + (size_t)s * KSPLIT_SHARED * 2 * MOE_INTER, cx.counters + s * tiles_of(MOE_INTER),
-                    N_ACTIVE + s);
+                    KSPLIT_SHARED, cx.splitk() + (size_t)s * KSPLIT_SHARED * 2 * MOE_INTER,
+                    cx.counters + (N_ACTIVE + s) * tiles_of(MOE_INTER), N_ACTIVE + s);
 }
 
-__device__ void moe_router_shared(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = begin_phase(JS_SHARED, cx, sm, ahead);
+// Router logits (bf16 rows, on the grid's last blocks). The staged x stays in shared memory for the
+// routed phase that follows; the ring keeps the shared experts' first chunks (issued before this
+// phase) untouched.
+__device__ void moe_router(const Ctx& cx, const Smem& sm) {
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
-  mark(cx, EV_STAGED);
   dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
-  run_jobs(sm.jobs(), n, cx, sm);
 }
 
-// Routed experts' gate/up -> SwiGLU activations, one paired job per selected expert (needs route()).
+// The shared experts, then one paired job per selected routed expert (needs route()).
 __device__ Job routed_job(const Ctx& cx, const Smem& sm, int j) {
-  const int e = sm.sel_e()[j];
+  if (j < N_SHARED) return shared_job(cx, j);
+  const int r = j - N_SHARED, e = sm.sel_e()[r];
   return paired_job(expert_mat(cx.L->expert[0], e, HIDDEN, MOE_INTER), expert_mat(cx.L->expert[1], e, HIDDEN, MOE_INTER),
-                    KSPLIT_GU, cx.splitk() + (size_t)j * KSPLIT_GU * 2 * MOE_INTER, cx.counters + j * tiles_of(MOE_INTER), j);
+                    KSPLIT_GU, cx.splitk() + (size_t)(N_SHARED * KSPLIT_SHARED + r * KSPLIT_GU) * 2 * MOE_INTER,
+                    cx.counters + r * tiles_of(MOE_INTER), r);
 }
 
-// The experts are known only after routing, so nothing could be issued ahead. The input is not
-// staged again: the router + shared phase left rmsnorm(hidden) * moe_norm in this block's x.
+// Routed and shared experts' gate/up -> SwiGLU activations. The routed experts are known only after
+// routing, so only the shared units' first chunks could be issued ahead: a shared unit is a gate/up
+// pair, so both of its first two chunks belong to it, as they do in this phase's full table. The
+// input is not staged again: the router phase left rmsnorm(hidden) * moe_norm in this block's x.
 __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
   route(cx, sm);
-  const int n = begin_phase(JS_ROUTED, cx, sm, false);
+  const int n = job_table(JS_ROUTED, cx, sm);
+  if (!PREFETCH || blockIdx.x >= SHARED_UNITS) issue_first(sm.jobs(), n, sm);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
@@ -1339,14 +1363,14 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 
 // The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
-  const int n = begin_phase(JS_DOWN, cx, sm, ahead);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
+  const int n = begin_phase(JS_DOWN, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), n, cx, sm);
 }
 
 __device__ int job_count(JobSet set) {
-  constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_ACTIVE, N_SLOTS};
+  constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_SHARED + N_ACTIVE, N_SLOTS};
   return sizes[set];
 }
 
@@ -1400,12 +1424,6 @@ __device__ void prefetch(JobSet set, const Ctx& cx, const Smem& sm) {
   if (PREFETCH) begin_phase(set, cx, sm, false);
 }
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // Grid barrier in two halves (the cooperative launch guarantees every block is resident). arrive()
 // publishes the block's writes and counts it in; wait() returns once every block has arrived. The
 // next phase's prefetch runs in between: issuing two chunks stalls a block for ~3.5 µs (cp.async
@@ -1429,10 +1447,7 @@ struct Barrier {
   __device__ void arrive() {
     stamp();
     __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      seen = atomicAdd(count, blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u);
-    }
+    if (threadIdx.x == 0) seen = atomic_add_release(count, blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u);
   }
   __device__ void wait() {
     if (threadIdx.x == 0)
@@ -1465,8 +1480,8 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
       if (attn) kda_delta(cx, sm);                grid.sync(JS_KDA_OUT, cx, sm);   // S update, o = S^T q
     }
     if (attn) attn_out_proj(cx, sm, PREFETCH);    grid.sync(JS_SHARED, cx, sm);    // hidden = x + o W_o
-    if (moe) moe_router_shared(cx, sm, PREFETCH); grid.sync();   // router logits, shared SwiGLU
-    if (moe) {                                                   // top-k, routed SwiGLU
+    if (moe) moe_router(cx, sm);                  grid.sync();   // router logits
+    if (moe) {                                                   // top-k; shared and routed SwiGLU
       moe_routed_gate_up(cx, sm);
       grid.sync(JS_DOWN, cx, sm);
     } else {
