@@ -103,14 +103,18 @@ def mla_step(attn: MLA, cfg, x: torch.Tensor, st: dict) -> torch.Tensor:
 def route(moe: MoE, cfg, x: torch.Tensor, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over bf16 router logits in fp32, top-k, renormalised and scaled.
 
-    `flip` swaps the k-th expert for the (k+1)-th: the other valid answer when the two logits nearly tie.
+    `flip` swaps the k-th expert for the best one left out: the other valid answer when the two logits
+    nearly tie. It is derived from the same top-k call as the plain answer: at an exact tie, top-k and
+    top-(k+1) may order the tied experts differently, and dropping the (k+1) list's k-th then gave the
+    plain set back (a flip that changed nothing).
     """
     probs = torch.softmax(F.linear(x, moe.router.weight).float(), dim=-1)
+    w, idx = torch.topk(probs, cfg.n_active)
     if flip and cfg.n_active < probs.numel():
-        w, idx = torch.topk(probs, cfg.n_active + 1)
-        w, idx = torch.cat([w[:-2], w[-1:]]), torch.cat([idx[:-2], idx[-1:]])
-    else:
-        w, idx = torch.topk(probs, cfg.n_active)
+        rest = probs.clone()
+        rest[idx] = -1.0
+        j = torch.argmax(rest)
+        w, idx = torch.cat([w[:-1], probs[j].reshape(1)]), torch.cat([idx[:-1], j.reshape(1)])
     return w / (w.sum() + 1e-9) * cfg.routed_scaling, idx
 
 
