@@ -17,6 +17,7 @@ this file after them and drops the relative imports).
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 
@@ -58,6 +59,15 @@ def kernel_prelude(cfg) -> str:
     return "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" + c_header(len(cfg.pattern)) + LAUNCH_CONTRACT_MACRO
 
 
+class CacheBuffers(NamedTuple):
+    """One MLA layer's capacity buffers and their device pointers (read once, used every step)."""
+
+    c_kv: torch.Tensor
+    k_rope: torch.Tensor
+    c_kv_ptr: int
+    k_rope_ptr: int
+
+
 class MegakernelModel(KimiBlocks):
     """`step(hidden, state) -> (hidden, state)` with exactly one kernel launch."""
 
@@ -72,7 +82,7 @@ class MegakernelModel(KimiBlocks):
         self._ring: list[torch.Tensor] = []
         self._ring_ptrs: list[int] = []
         self._ring_next = [0]   # a list, so that the hot path never goes through nn.Module.__setattr__
-        self._caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._caches: dict[int, CacheBuffers] = {}
         self._mla_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "M"]
         self._kda_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "K"]
 
@@ -133,8 +143,9 @@ class MegakernelModel(KimiBlocks):
 
     # ---- per step -----------------------------------------------------------------------------
 
-    def _cache_for(self, layer: int, st: dict, device) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Capacity buffers holding the caller's cache rows; copies only when they are not ours."""
+    def _cache_for(self, layer: int, st: dict, device) -> tuple[CacheBuffers, int]:
+        """Capacity buffers holding the caller's cache rows, and their row count; copies only when
+        the caller's rows are not ours."""
         c_kv, k_rope = st["c_kv"], st["k_rope"]
         n = c_kv.shape[0]
         if k_rope.shape[0] != n:
@@ -142,23 +153,21 @@ class MegakernelModel(KimiBlocks):
         cap = self._caches.get(layer)
         ours = (
             cap is not None
-            and c_kv.data_ptr() == cap[2]
-            and k_rope.data_ptr() == cap[3]
-            and n < cap[0].shape[0]
+            and c_kv.data_ptr() == cap.c_kv_ptr
+            and k_rope.data_ptr() == cap.k_rope_ptr
+            and n < cap.c_kv.shape[0]
         )
         if not ours:
-            rows = cap[0].shape[0] if cap is not None else 0
+            rows = cap.c_kv.shape[0] if cap is not None else 0
             if n + 1 > rows:
                 rows = max(2 * rows, ((n + 1 + 4095) // 4096) * 4096)
-                cap = (
-                    torch.empty((rows, self.cfg.kv_lora), dtype=torch.bfloat16, device=device),
-                    torch.empty((rows, self.cfg.qk_rope), dtype=torch.bfloat16, device=device),
-                )
-            cap[0][:n].copy_(c_kv)
-            cap[1][:n].copy_(k_rope)
-            cap = (cap[0], cap[1], cap[0].data_ptr(), cap[1].data_ptr())   # the pointers, read once
+                ckv_buf = torch.empty((rows, self.cfg.kv_lora), dtype=torch.bfloat16, device=device)
+                krope_buf = torch.empty((rows, self.cfg.qk_rope), dtype=torch.bfloat16, device=device)
+                cap = CacheBuffers(ckv_buf, krope_buf, ckv_buf.data_ptr(), krope_buf.data_ptr())
+            cap.c_kv[:n].copy_(c_kv)
+            cap.k_rope[:n].copy_(k_rope)
             self._caches[layer] = cap
-        return cap[0], cap[1], n
+        return cap, n
 
     def _validate(self, t: torch.Tensor, layer: int, key: str) -> None:
         h, dk, c = self.cfg.kda_heads, self.cfg.kda_head_dim, self.cfg.kda_heads * self.cfg.kda_head_dim
@@ -173,10 +182,10 @@ class MegakernelModel(KimiBlocks):
             self._pack(self.blocks[0].attn_norm.device)
         self._ring[self._ring_next[0]].fill_(float("nan"))
         for layer in self._mla_layers:
-            ckv, krope, n = self._cache_for(layer, state[layer], self._ring[0].device)
-            ckv[n:].fill_(float("nan"))
-            krope[n:].fill_(float("nan"))
-            state[layer]["c_kv"], state[layer]["k_rope"] = ckv[:n], krope[:n]
+            cap, n = self._cache_for(layer, state[layer], self._ring[0].device)
+            cap.c_kv[n:].fill_(float("nan"))
+            cap.k_rope[n:].fill_(float("nan"))
+            state[layer]["c_kv"], state[layer]["k_rope"] = cap.c_kv[:n], cap.k_rope[:n]
 
     def step(self, hidden: torch.Tensor, state: list[dict]) -> tuple[torch.Tensor, list[dict]]:
         """One decode step, one launch. No autograd is involved (weights are only read by the kernel)."""
@@ -209,12 +218,11 @@ class MegakernelModel(KimiBlocks):
             conv[0], conv[1], conv[2] = cq.data_ptr(), ck.data_ptr(), cv.data_ptr()
         ctx = None
         for i in self._mla_layers:
-            _, _, n = self._cache_for(i, state[i], hidden.device)
+            cap, n = self._cache_for(i, state[i], hidden.device)
             if ctx is not None and n != ctx:
                 raise ValueError("all MLA layers must hold the same number of cached tokens")
             ctx = n
-            cap = self._caches[i]
-            self._layer_params[i].c_kv, self._layer_params[i].k_rope = cap[2], cap[3]
+            self._layer_params[i].c_kv, self._layer_params[i].k_rope = cap.c_kv_ptr, cap.k_rope_ptr
         slot = self._ring_next[0]
         out = ring[slot]
         self._ring_next[0] = slot ^ 1
@@ -224,9 +232,9 @@ class MegakernelModel(KimiBlocks):
         self._launcher.launch(current_stream(hidden.device))
         lora, rope = self.cfg.kv_lora, self.cfg.qk_rope
         for i in self._mla_layers:   # views of the first ctx + 1 rows (as_strided: the cheapest view op)
-            ckv, krope = self._caches[i][:2]
-            state[i]["c_kv"] = ckv.as_strided((ctx + 1, lora), (lora, 1))
-            state[i]["k_rope"] = krope.as_strided((ctx + 1, rope), (rope, 1))
+            cap = self._caches[i]
+            state[i]["c_kv"] = cap.c_kv.as_strided((ctx + 1, lora), (lora, 1))
+            state[i]["k_rope"] = cap.k_rope.as_strided((ctx + 1, rope), (rope, 1))
         return out, state
 
 
