@@ -17,7 +17,7 @@ this file after them and drops the relative imports).
 from __future__ import annotations
 
 import ctypes
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
@@ -59,7 +59,8 @@ def kernel_prelude(cfg) -> str:
     return "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" + c_header(len(cfg.pattern)) + LAUNCH_CONTRACT_MACRO
 
 
-class CacheBuffers(NamedTuple):
+@dataclass(frozen=True)
+class CacheBuffers:
     """One MLA layer's capacity buffers and their device pointers (read once, used every step)."""
 
     c_kv: torch.Tensor
