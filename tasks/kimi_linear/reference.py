@@ -101,20 +101,19 @@ def mla_step(attn: MLA, cfg, x: torch.Tensor, st: dict) -> torch.Tensor:
 
 
 def route(moe: MoE, cfg, x: torch.Tensor, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over bf16 router logits in fp32, top-k, renormalised and scaled.
+    """Softmax over bf16 router logits in fp32, top-k (equal values to the lower expert index, as the
+    kernel breaks ties), renormalised and scaled.
 
-    `flip` swaps the k-th expert for the best one left out: the other valid answer when the two logits
-    nearly tie. It is derived from the same top-k call as the plain answer: at an exact tie, top-k and
-    top-(k+1) may order the tied experts differently, and dropping the (k+1) list's k-th then gave the
-    plain set back (a flip that changed nothing).
+    `flip` swaps the k-th expert for the (k+1)-th: the other valid answer when the two logits nearly
+    tie. Both come from one stable sort. torch.topk leaves the order of equal values open (on CUDA it
+    differs between calls and list lengths), so at an exact tie the plain answer itself was arbitrary.
     """
     probs = torch.softmax(F.linear(x, moe.router.weight).float(), dim=-1)
-    w, idx = torch.topk(probs, cfg.n_active)
+    order = torch.sort(probs, descending=True, stable=True).indices
+    idx = order[: cfg.n_active]
     if flip and cfg.n_active < probs.numel():
-        rest = probs.clone()
-        rest[idx] = -1.0
-        j = torch.argmax(rest)
-        w, idx = torch.cat([w[:-1], probs[j].reshape(1)]), torch.cat([idx[:-1], j.reshape(1)])
+        idx = torch.cat([idx[:-1], order[cfg.n_active : cfg.n_active + 1]])
+    w = probs[idx]
     return w / (w.sum() + 1e-9) * cfg.routed_scaling, idx
 
 
