@@ -1,0 +1,115 @@
+"""What one weight-ring chunk step of the seed costs by itself, without the rest of a phase around it.
+
+The phase stamps show a chunk step (8 slabs, one per warp) taking ~2.4 µs in the GEMV phases, while its
+instructions alone should issue in ~1 µs at two blocks per SM. This probe runs the seed's own
+gemv_chunk / fold_chunk (the kernel source is compiled with the probe appended, full-size dims, seed
+knobs) on a persistent grid of the seed's shape, step after step, in five modes:
+  compute    gemv_chunk on a chunk resident in shared memory, nothing else
+  + fold     gemv_chunk, fold_chunk and the step's two block barriers (run_jobs minus the stream)
+  + stream   as + fold, and every step refills the other ring slot by cp.async from HBM (run_jobs' loop)
+  stream     the refill alone (the memory side of the same loop), and with the two block barriers
+and with 8 slabs (a full chunk) or 2 (a unit's tail chunk). µs per step = (time of a 96-step launch -
+time of a 32-step launch) / 64, so launch cost and ramp cancel. Usage: python scripts/chunk_probe.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import cupy  # noqa: E402
+import numpy  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from sandbox.candidate import Candidate  # noqa: E402
+from tasks.kimi_linear.config import FULL  # noqa: E402
+from tasks.kimi_linear.megakernel import kernel_defines, kernel_prelude  # noqa: E402
+
+PROBE = r"""
+__device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES;
+// mode bits: 1 compute, 2 fold + block barriers, 4 stream; slabs: warps with a slab per step.
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int slabs, float* sink) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Smem sm{smem_raw};
+  for (int i = threadIdx.x; i < X_MAX; i += THREADS) sm.xh()[i] = __float2half(0.01f * (i % 7));
+  for (int s = 0; s < 2; ++s)
+    for (int i = threadIdx.x; i < (int)RING_SLOT / 4; i += THREADS)
+      reinterpret_cast<unsigned*>(sm.ring(s))[i] = 0x3c003c00u ^ (i * 2654435761u);
+  __syncthreads();
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+  const size_t per_step = (size_t)gridDim.x * RING_W_BYTES;
+  for (int k = 0; k < steps; ++k) {
+    const int slot = k & 1;
+    if (mode & 4) cp_async_wait<1>();
+    if (mode & 2) __syncthreads();
+    if (mode & 1) gemv_chunk(sm.ring(slot), TILE, 0, 0, slabs, sm.xh(), acc);
+    if (mode & 2) {
+      fold_chunk(acc, sm.red() + (threadIdx.x >> 5) * TILE, k == 0);
+      __syncthreads();
+    }
+    if (mode & 4) {
+      const unsigned char* from = src + ((size_t)k * per_step + (size_t)blockIdx.x * RING_W_BYTES) % src_bytes;
+      for (int i = threadIdx.x; i < (int)(RING_W_BYTES / 16); i += THREADS)
+        cp_async16(sm.ring(slot) + 16 * i, from + 16 * i);
+      cp_async_commit();
+    }
+  }
+  cp_async_wait<0>();
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s += acc[i];
+  if (s == 1234.5f || ((mode & 2) && sm.red()[threadIdx.x] == 1234.5f)) sink[blockIdx.x] = s;
+}
+"""
+
+MODES = {"compute": 1, "compute + fold": 3, "compute + fold + stream": 7, "stream": 4, "stream + barriers": 6}
+
+
+def main() -> None:
+    source = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
+    knobs = {k: str(v) for k, v in Candidate(source=source).resolved_knobs().items()}
+    dev = cupy.cuda.Device()
+    grid = dev.attributes["MultiProcessorCount"] * int(knobs["BLOCKS_PER_SM"])
+    src = cupy.random.randint(0, 255, size=256 << 20, dtype=cupy.uint8)
+    sink = cupy.zeros(grid, dtype=cupy.float32)
+    t = Table(title=f"One chunk step of the seed's GEMV loop, {grid} blocks x {knobs['THREADS']} threads "
+                    "(µs per step, medians of 30 x 5 launches)")
+    for col in ("mode", "slabs", "µs per step", "TB/s streamed"):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    defines = {**kernel_defines(FULL), **knobs}
+    mod = cupy.RawModule(code=kernel_prelude(FULL) + source + PROBE,
+                         options=("-std=c++17", *(f"-D{k}={v}" for k, v in defines.items())))
+    kern = mod.get_function("chunk_probe")
+    smem = int(cupy.ndarray((1,), cupy.uint64, mod.get_global("probe_smem_bytes")).get()[0])
+    kern.max_dynamic_shared_size_bytes = smem
+    for name, mode in MODES.items():
+        for slabs in (8, 2) if mode & 1 else (8,):
+            per = {}
+            for steps in (96, 32):
+                args = (src, numpy.uint64(src.size), numpy.int32(steps), numpy.int32(mode), numpy.int32(slabs), sink)
+                times = []
+                for _ in range(30):
+                    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                    start.record()
+                    for _ in range(5):
+                        kern((grid,), (int(knobs["THREADS"]),), args, shared_mem=smem)
+                    end.record()
+                    end.synchronize()
+                    times.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / 5)
+                per[steps] = statistics.median(times)
+            step_us = (per[96] - per[32]) / 64
+            streamed = f"{grid * 32768 / step_us / 1e6:.2f}" if mode & 4 else "-"
+            t.add_row(name, str(slabs), f"{step_us:.3f}", streamed)
+    Console(width=120).print(t)
+
+
+if __name__ == "__main__":
+    main()
