@@ -288,6 +288,8 @@ struct Ctx {
 // Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 (the first four right after a
 // __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
 // done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
+// MLA attention stamps the first four too: q staged, first cache tile in shared memory, last tile's
+// P.V done, partials written (a unit's; the last one counts).
 enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE, EV_CHUNK };
 enum ChunkEvent { CH_LANDED, CH_READ, CH_ISSUED };
 constexpr int STAMPED_CHUNKS = 6;
@@ -1077,9 +1079,11 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
 #pragma unroll
     for (int j = 0; j < NPW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     __syncthreads();
+    mark(cx, EV_STAGED);
     for (int tt = t0; tt < t1; tt += ATT_TT) {
       tile.store(ck, kr);
       __syncthreads();
+      if (tt == t0) mark(cx, EV_FIRST_CHUNK);
       if (tt + ATT_TT < t1) tile.load(cx, tt + ATT_TT, t1);   // the next tile is in flight during the MMAs
       {   // scores: this warp's 16 heads x 8 tokens over its K slice, high and low parts of q in two chains
         float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1138,6 +1142,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
       }
       __syncthreads();   // the tiles are read; the next token tile may overwrite them
     }
+    mark(cx, EV_COMPUTED);
     float* part = cx.apart() + ((size_t)split * MLA_H + h0) * APART_STRIDE;
     if (threadIdx.x < ATT_HG) {
       part[threadIdx.x * APART_STRIDE] = stat[threadIdx.x];
@@ -1150,6 +1155,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
       if (g + 8 < ATT_HG) *reinterpret_cast<float2*>(part + (g + 8) * APART_STRIDE + col) = make_float2(acc[j][2], acc[j][3]);
     }
     __syncthreads();
+    mark(cx, EV_DONE);
   }
 }
 
