@@ -7,14 +7,13 @@ knobs) on a persistent grid of the seed's shape, step after step, in five modes:
   compute    gemv_chunk on a chunk resident in shared memory, nothing else
   + fold     gemv_chunk, fold_chunk and the step's two block barriers (run_jobs minus the stream)
   + stream   as + fold, and every step refills the other ring slot by cp.async from HBM (run_jobs' loop)
-  stream     the refill alone (the memory side of the same loop), and with the two block barriers
+  stream     the refill alone (the memory side of the same loop), and with the fold and barriers
 and with 8 slabs (a full chunk) or 2 (a unit's tail chunk). µs per step = (time of a 96-step launch -
 time of a 32-step launch) / 64, so launch cost and ramp cancel. Usage: python scripts/chunk_probe.py
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,11 +26,12 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from sandbox.candidate import Candidate  # noqa: E402
+from scripts.stream_probe import time_launches  # noqa: E402
 from tasks.kimi_linear.config import FULL  # noqa: E402
 from tasks.kimi_linear.megakernel import kernel_defines, kernel_prelude  # noqa: E402
 
 PROBE = r"""
-__device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES;
+__device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES, probe_chunk_bytes = RING_W_BYTES;
 // mode bits: 1 compute, 2 fold + block barriers, 4 stream; slabs: warps with a slab per step.
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int slabs, float* sink) {
@@ -70,7 +70,7 @@ chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int
 }
 """
 
-MODES = {"compute": 1, "compute + fold": 3, "compute + fold + stream": 7, "stream": 4, "stream + barriers": 6}
+MODES = {"compute": 1, "compute + fold": 3, "compute + fold + stream": 7, "stream": 4, "stream + fold + barriers": 6}
 
 
 def main() -> None:
@@ -81,32 +81,25 @@ def main() -> None:
     src = cupy.random.randint(0, 255, size=256 << 20, dtype=cupy.uint8)
     sink = cupy.zeros(grid, dtype=cupy.float32)
     t = Table(title=f"One chunk step of the seed's GEMV loop, {grid} blocks x {knobs['THREADS']} threads "
-                    "(µs per step, medians of 30 x 5 launches)")
+                    "(µs per step, medians of 30 x 10 launches)")
     for col in ("mode", "slabs", "µs per step", "TB/s streamed"):
         t.add_column(col, justify="left" if col == "mode" else "right")
     defines = {**kernel_defines(FULL), **knobs}
     mod = cupy.RawModule(code=kernel_prelude(FULL) + source + PROBE,
                          options=("-std=c++17", *(f"-D{k}={v}" for k, v in defines.items())))
     kern = mod.get_function("chunk_probe")
-    smem = int(cupy.ndarray((1,), cupy.uint64, mod.get_global("probe_smem_bytes")).get()[0])
+    smem, chunk = (int(cupy.ndarray((1,), cupy.uint64, mod.get_global(name)).get()[0])
+                   for name in ("probe_smem_bytes", "probe_chunk_bytes"))
     kern.max_dynamic_shared_size_bytes = smem
+    threads = int(knobs["THREADS"])
     for name, mode in MODES.items():
         for slabs in (8, 2) if mode & 1 else (8,):
             per = {}
             for steps in (96, 32):
                 args = (src, numpy.uint64(src.size), numpy.int32(steps), numpy.int32(mode), numpy.int32(slabs), sink)
-                times = []
-                for _ in range(30):
-                    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-                    start.record()
-                    for _ in range(5):
-                        kern((grid,), (int(knobs["THREADS"]),), args, shared_mem=smem)
-                    end.record()
-                    end.synchronize()
-                    times.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / 5)
-                per[steps] = statistics.median(times)
+                per[steps] = time_launches(kern, grid, smem, lambda _, args=args: args, 30, threads)
             step_us = (per[96] - per[32]) / 64
-            streamed = f"{grid * 32768 / step_us / 1e6:.2f}" if mode & 4 else "-"
+            streamed = f"{grid * chunk / step_us / 1e6:.2f}" if mode & 4 else "-"
             t.add_row(name, str(slabs), f"{step_us:.3f}", streamed)
     Console(width=120).print(t)
 

@@ -116,14 +116,14 @@ METHODS = {  # name: (STRIDED, BULK)
 }
 
 
-def time_launches(kernel, grid, smem, args_for, reps: int) -> float:
+def time_launches(kernel, grid, smem, args_for, reps: int, threads: int = 256) -> float:
     """Median µs of one launch over `reps` batches of 10 launches (CUDA events)."""
     times = []
     for rep in range(reps):
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
         start.record()
         for i in range(10):
-            kernel((grid,), (256,), args_for(rep * 10 + i), shared_mem=smem)
+            kernel((grid,), (threads,), args_for(rep * 10 + i), shared_mem=smem)
         end.record()
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) * 1000.0 / 10)
