@@ -5,9 +5,9 @@ instructions alone should issue in ~1 µs at two blocks per SM. This probe runs 
 gemv_chunk / fold_chunk (the kernel source is compiled with the probe appended, full-size dims, seed
 knobs) on a persistent grid of the seed's shape, step after step, in five modes:
   compute    gemv_chunk on a chunk resident in shared memory, nothing else
-  + fold     gemv_chunk, fold_chunk and the step's two block barriers (run_jobs minus the stream)
-  + stream   as + fold, and every step refills the other ring slot by cp.async from HBM (run_jobs' loop)
-  stream     the refill alone (the memory side of the same loop), and with the fold and barriers
+  + fold     gemv_chunk, fold_chunk and the step's block barrier (run_jobs minus the stream)
+  + stream   as + fold, and every step refills the slot just read by one bulk copy from HBM (run_jobs' loop)
+  stream     the refill alone (with the block barrier a refill needs), and with the fold too
 and with 8 slabs (a full chunk) or 2 (a unit's tail chunk). µs per step = (time of a 96-step launch -
 time of a 32-step launch) / 64, so launch cost and ramp cancel. Usage: python scripts/chunk_probe.py
 """
@@ -36,7 +36,9 @@ __device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES, probe_chun
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int slabs, float* sink) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const Smem sm{smem_raw};
+  __shared__ RingSync ring_sync;
+  const Smem sm{smem_raw, &ring_sync};
+  ring_init(sm.rs);
   for (int i = threadIdx.x; i < X_MAX; i += THREADS) sm.xh()[i] = __float2half(0.01f * (i % 7));
   for (int s = 0; s < 2; ++s)
     for (int i = threadIdx.x; i < (int)RING_SLOT / 4; i += THREADS)
@@ -48,21 +50,19 @@ chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int
   const size_t per_step = (size_t)gridDim.x * RING_W_BYTES;
   for (int k = 0; k < steps; ++k) {
     const int slot = k & 1;
-    if (mode & 4) cp_async_wait<1>();
-    if (mode & 2) __syncthreads();
+    if (mode & 4) ring_wait(sm.rs, slot);
     if (mode & 1) gemv_chunk(sm.ring(slot), TILE, 0, 0, slabs, sm.xh(), acc);
-    if (mode & 2) {
-      fold_chunk(acc, sm.red() + (threadIdx.x >> 5) * TILE, k == 0);
-      __syncthreads();
-    }
-    if (mode & 4) {
+    if (mode & 2) fold_chunk(acc, sm.red() + (threadIdx.x >> 5) * TILE, k == 0);
+    if (mode & 6) __syncthreads();   // the slot is read (a refill needs it too)
+    if ((mode & 4) && threadIdx.x == 0) {
       const unsigned char* from = src + ((size_t)k * per_step + (size_t)blockIdx.x * RING_W_BYTES) % src_bytes;
-      for (int i = threadIdx.x; i < (int)(RING_W_BYTES / 16); i += THREADS)
-        cp_async16(sm.ring(slot) + 16 * i, from + 16 * i);
-      cp_async_commit();
+      expect_bytes(&sm.rs->bar[slot], RING_W_BYTES);
+      bulk_copy(sm.ring(slot), from, RING_W_BYTES, &sm.rs->bar[slot]);
+      ++sm.rs->fills[slot];
     }
   }
-  cp_async_wait<0>();
+  ring_wait(sm.rs, 0);
+  ring_wait(sm.rs, 1);
   float s = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) s += acc[i];
@@ -70,7 +70,7 @@ chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int
 }
 """
 
-MODES = {"compute": 1, "compute + fold": 3, "compute + fold + stream": 7, "stream": 4, "stream + fold + barriers": 6}
+MODES = {"compute": 1, "compute + fold": 3, "compute + fold + stream": 7, "stream": 4, "stream + fold": 6}
 
 
 def main() -> None:

@@ -109,6 +109,25 @@ def test_binding_honours_new_and_externally_modified_state(small_models):
     assert cos(o_m, o_r) > 0.99 and s_m[3]["c_kv"].shape[0] == 8
 
 
+def test_binding_sees_weights_loaded_or_edited_after_its_first_step(small_models):
+    ref, mk = small_models
+    h, st = init_token(SMALL, 7, DEV), init_state(SMALL, 12, 7, DEV)
+    other = build_model(ReferenceModel, SMALL, seed=6, device=DEV)
+    o_old, _, _, _ = _step_pair(ref, mk, h, clone_state(st))   # the kernel's copies hold ref's weights
+    try:
+        mk.load_state_dict(other.state_dict(), strict=True)
+        o_r, _, o_m, _ = _step_pair(other, mk, h, clone_state(st))
+        assert rel(o_m, o_r) < 0.05 and rel(o_old, o_r) > 0.2   # the weights matter for this token
+        with torch.no_grad():   # back to ref's weights by in-place edits, announced
+            for mine, theirs in zip(mk.state_dict().values(), ref.state_dict().values(), strict=True):
+                mine.copy_(theirs)
+        mk.weights_changed()
+        o_r, _, o_m, _ = _step_pair(ref, mk, h, clone_state(st))
+        assert rel(o_m, o_r) < 0.05
+    finally:
+        mk.load_state_dict(ref.state_dict(), strict=True)
+
+
 def test_binding_grows_the_cache_past_its_capacity(small_models):
     ref, mk = small_models
     h, st = init_token(SMALL, 3, DEV), init_state(SMALL, 4094, 3, DEV)

@@ -1,5 +1,6 @@
 import torch
 
+from tasks.kimi_linear.megakernel import tile_major
 from tasks.kimi_linear.quant import dequantize, dequantize_experts, pack_int4, quantize, unpack_int4
 
 
@@ -35,3 +36,13 @@ def test_expert_batch_dequant_matches_single():
     batch = dequantize_experts(wq, s, z, 128)
     for i in range(e):
         assert torch.equal(batch[i], dequantize(wq[i], s[i], z[i], 128))
+
+
+def test_tile_major_makes_each_column_tile_contiguous_and_pads_with_zeros():
+    t = torch.randint(1, 256, (3, 5, 600), dtype=torch.int32).to(torch.uint8)   # 2 whole tiles + 88 columns
+    out = tile_major(t, 256)
+    assert out.shape == (3, 3, 5, 256) and out.is_contiguous()
+    for e, r, col in [(0, 0, 0), (1, 4, 255), (2, 2, 256), (0, 3, 599), (2, 4, 511)]:
+        assert out[e, col // 256, r, col % 256] == t[e, r, col]
+    assert torch.equal(out[:, :2].transpose(1, 2).reshape(3, 5, 512), t[..., :512])
+    assert not out[:, 2, :, 88:].any() and torch.equal(out[:, 2, :, :88], t[..., 512:])

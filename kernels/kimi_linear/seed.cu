@@ -14,9 +14,10 @@
 // order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...). Deterministic: no float
 // atomics anywhere.
 //
-// Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that cp.async copies
-// into a two-slot shared-memory ring: chunk i+1 is in flight while chunk i is computed, and the first
-// two chunks of the next phase are issued at the grid barrier (weights do not depend on
+// Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that the TMA engine
+// copies (cp.async.bulk, three copies per chunk from the binding's tile-major layout, an mbarrier per
+// slot) into a two-slot shared-memory ring: chunk i+1 is in flight while chunk i is computed, and the
+// first two chunks of the next phase are issued at the grid barrier (weights do not depend on
 // activations), so they land while the block waits and then stages its input vector.
 //
 // MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
@@ -83,6 +84,7 @@ __host__ __device__ constexpr size_t align4(size_t n) { return (n + 3) & ~size_t
 
 static_assert(THREADS % 128 == 0 && WARPS >= 8, "need at least 8 warps per block, whole float4 rows of a tile");
 static_assert(GROUP_ROWS % SLAB == 0, "a slab must not straddle a quant group");
+static_assert(TILE == MK_WEIGHT_TILE, "GEMV tiles are the column tiles of the binding's tile-major weight layout");
 static_assert(HIDDEN % 16 == 0 && C_KDA % 16 == 0 && MLA_Q_N % 16 == 0 && KVA_N % 16 == 0, "N % 16");
 static_assert(KVB_N % 16 == 0 && MOE_INTER % 16 == 0, "N % 16");
 static_assert(QK_NOPE % 16 == 0 && V_HEAD % 16 == 0 && QK_NOPE <= 512 && V_HEAD <= 512, "head dims");
@@ -241,18 +243,50 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+// The weight ring is filled by the TMA engine: one thread issues a bulk copy per contiguous piece of a
+// chunk (the binding lays every matrix out tile-major, so a chunk's rows are one piece), and a slot's
+// mbarrier counts the bytes in. The copying threads no longer stall on issue (16-byte cp.async issue is
+// throttled to about the rate the data drains: ~1.5-2.5 µs per 32 KB chunk, on every block's critical
+// path), and the copies no longer queue in front of the compute warps' shared-memory loads.
+struct RingSync {
+  unsigned long long bar[2];   // one mbarrier per slot
+  unsigned fills[2];           // bulk fills issued into each slot so far (thread 0 writes)
+};
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
+// Thread 0, before the copies of one fill: the phase completes when `bytes` have landed.
+__device__ __forceinline__ void expect_bytes(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ void ring_init(RingSync* rs) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&rs->bar[s])) : "memory");
+      rs->fills[s] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+// Every calling thread waits until the slot's latest fill has landed (returns at once if it has, or if
+// the slot was never filled). The caller has passed a block barrier since that fill was issued.
+__device__ __forceinline__ void ring_wait(const RingSync* rs, int slot) {
+  const unsigned bar = smem_addr(&rs->bar[slot]), parity = (rs->fills[slot] - 1u) & 1u;
+  unsigned done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
 
 // ================================ shared-memory views ================================
 
 struct Smem {
   unsigned char* base;
+  RingSync* rs;
   __device__ __half* xh() const { return reinterpret_cast<__half*>(base + SM_XH); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + SM_RED); }
   __device__ float* sums() const { return reinterpret_cast<float*>(base + SM_SUMS); }
@@ -480,8 +514,15 @@ struct Job {
 static_assert(N_SLOTS * sizeof(Job) <= JOBS_BYTES, "job table must fit its shared-memory area");
 
 __device__ Mat mat_of(const QW& q) { return Mat{q.wq, q.sc, q.zr}; }
+// Tile-major layout (the binding's, see abi.py): element (r, col) of a matrix with `rows` rows lies at
+// ((col / TILE) * rows + r) * TILE + col % TILE; whole tiles, the last one zero-padded.
+__device__ __forceinline__ size_t tm_offset(int rows, int r, int col) {
+  return ((size_t)(col / TILE) * rows + r) * TILE + col % TILE;
+}
 __device__ Mat expert_mat(const QW& q, int e, int K, int N) {
-  return Mat{q.wq + (size_t)e * (K / 2) * N, q.sc + (size_t)e * (K / QGROUP) * N, q.zr + (size_t)e * (K / QGROUP) * N};
+  const size_t padded = (size_t)tiles_of(N) * TILE;
+  return Mat{q.wq + (size_t)e * (K / 2) * padded, q.sc + (size_t)e * (K / QGROUP) * padded,
+             q.zr + (size_t)e * (K / QGROUP) * padded};
 }
 
 __device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* count, int epi, int aux) {
@@ -682,42 +723,47 @@ __device__ Chunk next_chunk(const Job* jobs, int total, Chunk c) {
   return unit_chunk(jobs, total, c.unit + gridDim.x);
 }
 
-// cp.async the chunk's packed rows and the scales/zeros of the groups it touches into `slot`.
-__device__ void issue_chunk(const Job* jobs, Chunk c, unsigned char* slot) {
+// Thread 0: the chunk's packed rows and the scales and zeros of the groups it touches into `slot`, as
+// three bulk copies (each contiguous in the tile-major layout) counted by the slot's mbarrier.
+__device__ void issue_chunk(const Job* jobs, Chunk c, const Smem& sm, int slot) {
   int rem, s0, s1;
   const Job& jb = jobs[job_of(jobs, c.unit, rem)];
   slab_range(jb, rem % jb.ksplit, s0, s1);
   const Mat& mt = jb.m[c.m];
-  const int col0 = (rem / jb.ksplit) * TILE;
+  const int tile = rem / jb.ksplit;
   const int row0 = c.slab * SLAB, rows = (min(c.slab + CHUNK_SLABS, s1) - c.slab) * SLAB;
-  for (int i = threadIdx.x; i < rows * (TILE / 16); i += THREADS) {
-    const int r = i / (TILE / 16), col = col0 + (i % (TILE / 16)) * 16;
-    if (col < jb.N) cp_async16(slot + (size_t)r * TILE + (col - col0), mt.wq + (size_t)(row0 + r) * jb.N + col);
-  }
   const int g0 = row0 / GROUP_ROWS, ng = (row0 + rows - 1) / GROUP_ROWS - g0 + 1;
-  constexpr int PIECES = TILE / 8;   // 16-byte pieces of one group's scales for a tile
-  for (int i = threadIdx.x; i < 2 * ng * PIECES; i += THREADS) {
-    const int zero = i / (ng * PIECES), gi = (i / PIECES) % ng, col = col0 + (i % PIECES) * 8;
-    if (col < jb.N)
-      cp_async16(slot + RING_W_BYTES + (zero * CHUNK_GROUPS + gi) * RING_G_BYTES + 2 * (col - col0),
-                 (zero ? mt.zr : mt.sc) + (size_t)(g0 + gi) * jb.N + col);
-  }
+  const unsigned w_bytes = rows * TILE, g_bytes = ng * RING_G_BYTES;
+  const size_t g_off = ((size_t)tile * (jb.K / QGROUP) + g0) * TILE;
+  unsigned char* dst = sm.ring(slot);
+  unsigned long long* bar = &sm.rs->bar[slot];
+  expect_bytes(bar, w_bytes + 2 * g_bytes);
+  bulk_copy(dst, mt.wq + ((size_t)tile * (jb.K / 2) + row0) * TILE, w_bytes, bar);
+  bulk_copy(dst + RING_W_BYTES, mt.sc + g_off, g_bytes, bar);
+  bulk_copy(dst + RING_W_BYTES + CHUNK_GROUPS * RING_G_BYTES, mt.zr + g_off, g_bytes, bar);
+  ++sm.rs->fills[slot];
 }
 
-// Put this block's first two chunks of `jobs` in flight (slots 0 and 1, one commit group each).
-// Called before the barrier that precedes the phase (the next phase's weights are known) or at the
-// start of the phase. Most blocks have at most two chunks per phase: their whole share lands while
-// the grid synchronises.
+// Put this block's first two chunks of `jobs` in flight (slots 0 and 1). Called before the barrier
+// that precedes the phase (the next phase's weights are known) or at the start of the phase. Most
+// blocks have at most two chunks per phase: their whole share lands while the grid synchronises.
 __device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem sm) {
-  cp_async_wait<0>();
-  __syncthreads();   // both slots are free: every earlier use of shared memory is over
-  const int total = total_units(jobs, njobs);
-  const Chunk c0 = unit_chunk(jobs, total, blockIdx.x);
-  const Chunk c1 = c0.unit < total ? next_chunk(jobs, total, c0) : c0;
-  if (c0.unit < total) issue_chunk(jobs, c0, sm.ring(0));
-  cp_async_commit();
-  if (c1.unit < total) issue_chunk(jobs, c1, sm.ring(1));
-  cp_async_commit();
+  ring_wait(sm.rs, 0);   // a fill never read (a phase skipped by a profiling switch) must land first
+  ring_wait(sm.rs, 1);
+  __syncthreads();       // both slots are free: every earlier use of shared memory is over
+  if (threadIdx.x == 0) {
+    // Other phases write this memory through the generic proxy; the async-proxy copies must come after.
+    // (A refill in run_jobs needs no fence: its slot has only been read since the last bulk copy.)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const int total = total_units(jobs, njobs);
+    const Chunk c0 = unit_chunk(jobs, total, blockIdx.x);
+    if (c0.unit < total) {
+      issue_chunk(jobs, c0, sm, 0);
+      const Chunk c1 = next_chunk(jobs, total, c0);
+      if (c1.unit < total) issue_chunk(jobs, c1, sm, 1);
+    }
+  }
+  __syncthreads();       // the fill counts are visible to every waiter
 }
 
 // Run this block's units; its first two chunks must be in flight already (issue_first). Chunk i is
@@ -732,8 +778,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
   Chunk c = unit_chunk(jobs, total, blockIdx.x);
   Chunk nx = c.unit < total ? next_chunk(jobs, total, c) : c;
   for (; c.unit < total; slot ^= 1, ++k) {
-    cp_async_wait<1>();   // groups complete in order: only chunk i+1's may still be pending
-    __syncthreads();
+    ring_wait(sm.rs, slot);
     if (k == 0) mark(cx, EV_FIRST_CHUNK);
     mark_chunk(cx, k, CH_LANDED);
     int rem, s0, s1;
@@ -745,8 +790,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
     __syncthreads();   // the slot is read, the folds are visible
     mark_chunk(cx, k, CH_READ);
-    if (nn.unit < total) issue_chunk(jobs, nn, sm.ring(slot));
-    cp_async_commit();
+    if (threadIdx.x == 0 && nn.unit < total) issue_chunk(jobs, nn, sm, slot);
     mark_chunk(cx, k, CH_ISSUED);
     if (nx.unit != c.unit) {
       reduce_unit(sm.red(), sm.sums(), 1 + jb.paired);
@@ -889,8 +933,8 @@ struct AbsorbRow {
   unsigned v[4];
   float s[16], z[16];
   __device__ void load(const QW& W, int r, int col) {
-    const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + (size_t)r * KVB_N + col));
-    const size_t gcol = (size_t)(r / GROUP_ROWS) * KVB_N + col;
+    const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + tm_offset(KV_LORA / 2, r, col)));
+    const size_t gcol = tm_offset(KV_LORA / QGROUP, r / GROUP_ROWS, col);
     unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + gcol)), s);
     unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + gcol + 8)), s + 8);
     unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + gcol)), z);
@@ -1470,7 +1514,9 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
   Barrier grid{p.counters + BARRIER_WORD, reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0, 0};
   grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const Smem sm{smem_raw};
+  __shared__ RingSync ring_sync;
+  const Smem sm{smem_raw, &ring_sync};
+  ring_init(sm.rs);
 #pragma unroll 1
   for (int l = 0; l < NUM_LAYERS; ++l) {
     const Ctx cx = layer_ctx(p, l);

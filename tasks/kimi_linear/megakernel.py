@@ -1,11 +1,14 @@
 """Host binding of the Kimi megakernel: a drop-in `Model` whose `step` is one cooperative launch.
 
-The model has the reference's module tree (strict state-dict loads). Weight pointers are packed
-into the kernel's parameter struct once; per step only the state pointers, the cache length and
-the output buffer change, edited in place in the same struct. KDA states are updated in place,
-the MLA cache lives in a preallocated capacity buffer (row `ctx_len` is written by the kernel)
-and the returned state holds views of it. A state the caller hands in is always read from its
-own tensors, so a new or externally modified state is honoured.
+The model has the reference's module tree (strict state-dict loads). On the first step the int4
+weights are copied into the kernel's tile-major layout (abi.py; about the weights' size again in
+device memory) and their pointers packed into the kernel's parameter struct; `load_state_dict` and
+`.to()` make the next step repeat this, and so does `weights_changed()` after an in-place edit of a
+weight buffer (the kernel reads the copies, never the module's buffers). Per step only the state
+pointers, the cache length and the output buffer change, edited in place in the same struct. KDA
+states are updated in place, the MLA cache lives in a preallocated capacity buffer (row `ctx_len`
+is written by the kernel) and the returned state holds views of it. A state the caller hands in
+is always read from its own tensors, so a new or externally modified state is honoured.
 
 The returned hidden vector lives in a ring of two buffers: it stays valid until the step after
 next (clone it to keep it longer).
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, current_stream
-from .abi import ENTRY, NUM_PROJ, c_header, params_type
+from .abi import ENTRY, NUM_PROJ, WEIGHT_TILE, c_header, params_type
 from .modules import KimiBlocks, rope_inv_freq
 
 RMS_EPS = 1.0e-6
@@ -86,6 +89,8 @@ class MegakernelModel(KimiBlocks):
         self._caches: dict[int, CacheBuffers] = {}
         self._mla_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "M"]
         self._kda_layers = [i for i, kind in enumerate(cfg.pattern) if kind == "K"]
+        self._tiled: list[torch.Tensor] = []   # the kernel's tile-major weight copies (owned here)
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.weights_changed())
 
     def attach(self, kernel: CompiledKernel) -> MegakernelModel:
         self._kernel = kernel
@@ -93,8 +98,13 @@ class MegakernelModel(KimiBlocks):
         return self
 
     def _apply(self, fn, *args, **kwargs):
-        self._launcher = None  # weights moved: repack pointers on the next step
+        self.weights_changed()  # weights moved
         return super()._apply(fn, *args, **kwargs)
+
+    def weights_changed(self) -> None:
+        """Re-lay the weights out for the kernel on the next step (call after editing one in place)."""
+        self._launcher = None
+        self._tiled = []
 
     # ---- one-time packing -------------------------------------------------------------------
 
@@ -109,6 +119,7 @@ class MegakernelModel(KimiBlocks):
         if size != ctypes.sizeof(ptype):
             raise RuntimeError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
+        self._tiled = []
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -119,15 +130,15 @@ class MegakernelModel(KimiBlocks):
                 else [blk.attn.q_proj, blk.attn.kv_a, blk.attn.kv_b, blk.attn.o_proj]
             )
             for j, lin in enumerate(projs[:NUM_PROJ]):
-                _set_qw(lp.proj[j], lin)
+                self._set_qw(lp.proj[j], lin)
             if blk.kind == "K":
                 lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
                 lp.conv_w = blk.attn.conv_w.data_ptr()
             lp.router_w = blk.moe.router.weight.data_ptr()
             for j, ex in enumerate((blk.moe.gate, blk.moe.up, blk.moe.down)):
-                _set_qw(lp.expert[j], ex)
+                self._set_qw(lp.expert[j], ex)
             for j, ex in enumerate((blk.moe.s_gate, blk.moe.s_up, blk.moe.s_down)):
-                _set_qw(lp.shared[j], ex)
+                self._set_qw(lp.shared[j], ex)
         c = self._kernel.contract
         self._scratch = torch.full((c.scratch_bytes,), 0xFF, dtype=torch.uint8, device=device)  # NaN floats
         self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=device)
@@ -141,6 +152,12 @@ class MegakernelModel(KimiBlocks):
         self._layer_params = [p.layer[i] for i in range(len(self.cfg.pattern))]
         self._validated = {}
         self._launcher = CooperativeLauncher(self._kernel, p)
+
+    def _set_qw(self, dst, mod) -> None:
+        """Point `dst` at tile-major copies of one quantized weight's w_q, scales and zeros."""
+        tiled = [tile_major(t) for t in (mod.w_q, mod.scales, mod.zeros)]
+        self._tiled += tiled
+        dst.wq, dst.sc, dst.zr = (t.data_ptr() for t in tiled)
 
     # ---- per step -----------------------------------------------------------------------------
 
@@ -239,10 +256,14 @@ class MegakernelModel(KimiBlocks):
         return out, state
 
 
-def _set_qw(dst, mod) -> None:
-    dst.wq = mod.w_q.data_ptr()
-    dst.sc = mod.scales.data_ptr()
-    dst.zr = mod.zeros.data_ptr()
+def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE) -> torch.Tensor:
+    """(..., rows, cols) -> (..., ceil(cols/tile), rows, tile), zero-padded to whole tiles: a column
+    tile's rows become contiguous (the kernel fetches a chunk of them with one bulk copy)."""
+    *lead, rows, cols = t.shape
+    tiles = -(-cols // tile)
+    padded = t.new_zeros(*lead, rows, tiles * tile)
+    padded[..., :cols] = t
+    return padded.view(*lead, rows, tiles, tile).transpose(-3, -2).contiguous()
 
 
 def build_megakernel(source: str, cfg, extra_defines: dict[str, str] | None = None, arch: str | None = None):
