@@ -6,7 +6,7 @@ gemv_chunk / fold_chunk (the kernel source is compiled with the probe appended, 
 knobs) on a persistent grid of the seed's shape, step after step, in five modes:
   compute    gemv_chunk on a chunk resident in shared memory, nothing else
   + fold     gemv_chunk, fold_chunk and the step's block barrier (run_jobs minus the stream)
-  + stream   as + fold, and every step refills the slot just read by one bulk copy from HBM (run_jobs' loop)
+  + stream   as + fold, and every step refills the slot just read by the seed's three bulk copies (run_jobs' loop)
   stream     the refill alone (with the block barrier a refill needs), and with the fold too
 and with 8 slabs (a full chunk) or 2 (a unit's tail chunk). µs per step = (time of a 96-step launch -
 time of a 32-step launch) / 64, so launch cost and ramp cancel. Usage: python scripts/chunk_probe.py
@@ -31,7 +31,7 @@ from tasks.kimi_linear.config import FULL  # noqa: E402
 from tasks.kimi_linear.megakernel import kernel_defines, kernel_prelude  # noqa: E402
 
 PROBE = r"""
-__device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES, probe_chunk_bytes = RING_W_BYTES;
+__device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES, probe_chunk_bytes = RING_SLOT;
 // mode bits: 1 compute, 2 fold + block barriers, 4 stream; slabs: warps with a slab per step.
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int slabs, float* sink) {
@@ -47,18 +47,22 @@ chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  const size_t per_step = (size_t)gridDim.x * RING_W_BYTES;
+  const size_t per_step = (size_t)gridDim.x * RING_SLOT;
   for (int k = 0; k < steps; ++k) {
     const int slot = k & 1;
     if (mode & 4) ring_wait(sm.rs, slot);
     if (mode & 1) gemv_chunk(sm.ring(slot), TILE, 0, 0, slabs, sm.xh(), acc);
     if (mode & 2) fold_chunk(acc, sm.red() + (threadIdx.x >> 5) * TILE, k == 0);
     if (mode & 6) __syncthreads();   // the slot is read (a refill needs it too)
-    if ((mode & 4) && threadIdx.x == 0) {
-      const unsigned char* from = src + ((size_t)k * per_step + (size_t)blockIdx.x * RING_W_BYTES) % src_bytes;
-      expect_bytes(&sm.rs->bar[slot], RING_W_BYTES);
-      bulk_copy(sm.ring(slot), from, RING_W_BYTES, &sm.rs->bar[slot]);
-      ++sm.rs->fills[slot];
+    if ((mode & 4) && ring_issuer()) {   // the seed's three copies: packed rows, scales, zeros
+      const int piece = threadIdx.x >> 5;
+      const unsigned bytes = piece == 0 ? RING_W_BYTES : CHUNK_GROUPS * RING_G_BYTES;
+      const size_t at = piece == 0 ? 0 : RING_W_BYTES + (piece - 1) * CHUNK_GROUPS * RING_G_BYTES;
+      const size_t off = (size_t)k * per_step + (size_t)blockIdx.x * RING_SLOT + at;
+      const unsigned char* from = src + off % (src_bytes - RING_SLOT);   // 16-byte aligned, never past the end
+      expect_bytes(&sm.rs->bar[slot], bytes);
+      bulk_copy(sm.ring(slot) + at, from, bytes, &sm.rs->bar[slot]);
+      if (piece == 0) ++sm.rs->fills[slot];
     }
   }
   ring_wait(sm.rs, 0);

@@ -248,8 +248,9 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // mbarrier counts the bytes in. The copying threads no longer stall on issue (16-byte cp.async issue is
 // throttled to about the rate the data drains: ~1.5-2.5 µs per 32 KB chunk, on every block's critical
 // path), and the copies no longer queue in front of the compute warps' shared-memory loads.
+constexpr int RING_COPIES = 3;   // bulk copies per chunk: packed rows, scales, zeros
 struct RingSync {
-  unsigned long long bar[2];   // one mbarrier per slot
+  unsigned long long bar[2];   // one mbarrier per slot (RING_COPIES arrivals per fill)
   unsigned fills[2];           // bulk fills issued into each slot so far (thread 0 writes)
 };
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
@@ -257,14 +258,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
-// Thread 0, before the copies of one fill: the phase completes when `bytes` have landed.
+// Before a bulk copy, by its issuing thread: one arrival, and the phase waits for `bytes` more.
 __device__ __forceinline__ void expect_bytes(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 __device__ void ring_init(RingSync* rs) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&rs->bar[s])) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&rs->bar[s])), "n"(RING_COPIES) : "memory");
       rs->fills[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -688,9 +689,20 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
 
 // ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
 
+// A chunk carries its unit's job, index in the job and slab range, found once per unit (walking the
+// job table on every use cost a dependent chain of shared-memory loads per step).
+// Packed into four words: run_jobs keeps three chunks live around the GEMV loop.
 struct Chunk {
-  int unit, m, slab;   // global unit index (>= total: none), matrix of a pair, first slab
+  int unit;       // global unit index (>= total: none)
+  int rem;        // the unit's index inside its job
+  int slab;       // first slab of the chunk
+  unsigned bits;  // job (bits 0-4), matrix of a pair (5), the unit's slabs [s0, s1) (6-15, 16-25)
+  __device__ int job() const { return bits & 31; }
+  __device__ int m() const { return (bits >> 5) & 1; }
+  __device__ int s0() const { return (bits >> 6) & 1023; }
+  __device__ int s1() const { return bits >> 16; }
 };
+static_assert(N_SLOTS < 32 && imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, MOE_INTER)) / 2 / SLAB < 1024, "Chunk fields");
 
 __device__ int total_units(const Job* jobs, int njobs) {
   int total = 0;
@@ -707,41 +719,47 @@ __device__ int job_of(const Job* jobs, int u, int& rem) {
 }
 
 __device__ Chunk unit_chunk(const Job* jobs, int total, int u) {
-  if (u >= total) return Chunk{u, 0, 0};
-  int rem, s0, s1;
-  const Job& jb = jobs[job_of(jobs, u, rem)];
-  slab_range(jb, rem % jb.ksplit, s0, s1);
-  return Chunk{u, 0, s0};
+  Chunk c{u, 0, 0, 0u};
+  if (u >= total) return c;
+  int s0, s1;
+  const int j = job_of(jobs, u, c.rem);
+  slab_range(jobs[j], c.rem % jobs[j].ksplit, s0, s1);
+  c.slab = s0;
+  c.bits = j | (s0 << 6) | (s1 << 16);
+  return c;
 }
 
 __device__ Chunk next_chunk(const Job* jobs, int total, Chunk c) {
-  int rem, s0, s1;
-  const Job& jb = jobs[job_of(jobs, c.unit, rem)];
-  slab_range(jb, rem % jb.ksplit, s0, s1);
-  if (c.m < jb.paired) return Chunk{c.unit, c.m + 1, c.slab};   // a pair alternates its matrices, so both
-  if (c.slab + CHUNK_SLABS < s1) return Chunk{c.unit, 0, c.slab + CHUNK_SLABS};   // are in flight from the start
-  return unit_chunk(jobs, total, c.unit + gridDim.x);
+  if (c.m() < jobs[c.job()].paired) { c.bits |= 32u; return c; }   // a pair alternates its matrices, so
+  c.bits &= ~32u;                                                   // both are in flight from the start
+  c.slab += CHUNK_SLABS;
+  return c.slab < c.s1() ? c : unit_chunk(jobs, total, c.unit + gridDim.x);
 }
 
-// Thread 0: the chunk's packed rows and the scales and zeros of the groups it touches into `slot`, as
-// three bulk copies (each contiguous in the tile-major layout) counted by the slot's mbarrier.
-__device__ void issue_chunk(const Job* jobs, Chunk c, const Smem& sm, int slot) {
-  int rem, s0, s1;
-  const Job& jb = jobs[job_of(jobs, c.unit, rem)];
-  slab_range(jb, rem % jb.ksplit, s0, s1);
-  const Mat& mt = jb.m[c.m];
-  const int tile = rem / jb.ksplit;
-  const int row0 = c.slab * SLAB, rows = (min(c.slab + CHUNK_SLABS, s1) - c.slab) * SLAB;
+// The chunk's packed rows and the scales and zeros of the groups it touches into `slot`: three bulk
+// copies (each contiguous in the tile-major layout), issued in parallel by lane 0 of warps 0-2 (one
+// copy each: an issue takes ~0.2 µs), each arriving on the slot's mbarrier with its byte count.
+__device__ __forceinline__ bool ring_issuer() { return (threadIdx.x & 31) == 0 && threadIdx.x < 32 * RING_COPIES; }
+__device__ void issue_chunk(const Job* jobs, const Chunk& c, const Smem& sm, int slot) {
+  const Job& jb = jobs[c.job()];
+  const Mat& mt = jb.m[c.m()];
+  const int tile = c.rem / jb.ksplit;
+  const int row0 = c.slab * SLAB, rows = (min(c.slab + CHUNK_SLABS, c.s1()) - c.slab) * SLAB;
   const int g0 = row0 / GROUP_ROWS, ng = (row0 + rows - 1) / GROUP_ROWS - g0 + 1;
   const unsigned w_bytes = rows * TILE, g_bytes = ng * RING_G_BYTES;
   const size_t g_off = ((size_t)tile * (jb.K / QGROUP) + g0) * TILE;
   unsigned char* dst = sm.ring(slot);
   unsigned long long* bar = &sm.rs->bar[slot];
-  expect_bytes(bar, w_bytes + 2 * g_bytes);
-  bulk_copy(dst, mt.wq + ((size_t)tile * (jb.K / 2) + row0) * TILE, w_bytes, bar);
-  bulk_copy(dst + RING_W_BYTES, mt.sc + g_off, g_bytes, bar);
-  bulk_copy(dst + RING_W_BYTES + CHUNK_GROUPS * RING_G_BYTES, mt.zr + g_off, g_bytes, bar);
-  ++sm.rs->fills[slot];
+  const int piece = threadIdx.x >> 5;
+  const unsigned bytes = piece == 0 ? w_bytes : g_bytes;
+  expect_bytes(bar, bytes);
+  if (piece == 0) {
+    bulk_copy(dst, mt.wq + ((size_t)tile * (jb.K / 2) + row0) * TILE, bytes, bar);
+    ++sm.rs->fills[slot];
+  } else {
+    bulk_copy(dst + RING_W_BYTES + (piece - 1) * CHUNK_GROUPS * RING_G_BYTES, (piece == 1 ? mt.sc : mt.zr) + g_off,
+              bytes, bar);
+  }
 }
 
 // Put this block's first two chunks of `jobs` in flight (slots 0 and 1). Called before the barrier
@@ -751,7 +769,7 @@ __device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem 
   ring_wait(sm.rs, 0);   // a fill never read (a phase skipped by a profiling switch) must land first
   ring_wait(sm.rs, 1);
   __syncthreads();       // both slots are free: every earlier use of shared memory is over
-  if (threadIdx.x == 0) {
+  if (ring_issuer()) {
     // Other phases write this memory through the generic proxy; the async-proxy copies must come after.
     // (A refill in run_jobs needs no fence: its slot has only been read since the last bulk copy.)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -781,16 +799,14 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
     ring_wait(sm.rs, slot);
     if (k == 0) mark(cx, EV_FIRST_CHUNK);
     mark_chunk(cx, k, CH_LANDED);
-    int rem, s0, s1;
-    const Job& jb = jobs[job_of(jobs, c.unit, rem)];
-    const int tile = rem / jb.ksplit, split = rem % jb.ksplit;
-    slab_range(jb, split, s0, s1);
-    gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, s1), sm.xh() + jb.x_off, acc);
-    fold_chunk(acc, sm.red() + (c.m * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == s0);
+    const Job& jb = jobs[c.job()];
+    const int tile = c.rem / jb.ksplit, split = c.rem % jb.ksplit;
+    gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, c.s1()), sm.xh() + jb.x_off, acc);
+    fold_chunk(acc, sm.red() + (c.m() * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == c.s0());
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
     __syncthreads();   // the slot is read, the folds are visible
     mark_chunk(cx, k, CH_READ);
-    if (threadIdx.x == 0 && nn.unit < total) issue_chunk(jobs, nn, sm, slot);
+    if (ring_issuer() && nn.unit < total) issue_chunk(jobs, nn, sm, slot);
     mark_chunk(cx, k, CH_ISSUED);
     if (nx.unit != c.unit) {
       reduce_unit(sm.red(), sm.sums(), 1 + jb.paired);
