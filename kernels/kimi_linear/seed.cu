@@ -34,9 +34,9 @@
 // (declared in the order the tuner should try them: work split first, launch shape last).
 // Run: python run_agent.py bench kernels/kimi_linear/seed.cu
 //
-// @knob KSPLIT_KDA 4 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (4: 256 units of 18 slabs, one per block)
-// @knob KSPLIT_GU 7 {4,6,7,8,9,12} K slices of the routed experts' gate/up (7: 224 units, + 36 shared = 260)
-// @knob KSPLIT_DOWN 4 {1,2,3,4,8} K slices of each expert's down projection
+// @knob KSPLIT_KDA 3 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (3: 192 units of 24 slabs = 3 whole chunks)
+// @knob KSPLIT_GU 6 {4,6,7,8,9,12} K slices of the routed experts' gate/up (6: 192 units, + 36 shared = 228)
+// @knob KSPLIT_DOWN 3 {1,2,3,4,8} K slices of each expert's down projection (3: 243 units, one per block)
 // @knob KSPLIT_SHARED 9 {6,9,12,18,36} K slices of the shared expert's gate/up (in the routed phase)
 // @knob KSPLIT_MLA 9 {6,9,12,18} K slices of the MLA q/kv_a projections
 // @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
@@ -693,10 +693,12 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
 // job table on every use cost a dependent chain of shared-memory loads per step).
 // Packed into four words: run_jobs keeps three chunks live around the GEMV loop.
 struct Chunk {
-  int unit;       // global unit index (>= total: none)
-  int rem;        // the unit's index inside its job
-  int slab;       // first slab of the chunk
-  unsigned bits;  // job (bits 0-4), matrix of a pair (5), the unit's slabs [s0, s1) (6-15, 16-25)
+  int unit;          // global unit index (>= total: none)
+  int slab;          // first slab of the chunk
+  unsigned place;    // the unit's output tile (bits 0-15) and K slice (16-31) in its job
+  unsigned bits;     // job (bits 0-4), matrix of a pair (5), the unit's slabs [s0, s1) (6-15, 16-25)
+  __device__ int tile() const { return place & 0xffff; }
+  __device__ int split() const { return place >> 16; }
   __device__ int job() const { return bits & 31; }
   __device__ int m() const { return (bits >> 5) & 1; }
   __device__ int s0() const { return (bits >> 6) & 1023; }
@@ -719,11 +721,13 @@ __device__ int job_of(const Job* jobs, int u, int& rem) {
 }
 
 __device__ Chunk unit_chunk(const Job* jobs, int total, int u) {
-  Chunk c{u, 0, 0, 0u};
+  Chunk c{u, 0, 0u, 0u};
   if (u >= total) return c;
-  int s0, s1;
-  const int j = job_of(jobs, u, c.rem);
-  slab_range(jobs[j], c.rem % jobs[j].ksplit, s0, s1);
+  int rem, s0, s1;
+  const int j = job_of(jobs, u, rem);
+  const int split = rem % jobs[j].ksplit;
+  c.place = rem / jobs[j].ksplit | split << 16;
+  slab_range(jobs[j], split, s0, s1);
   c.slab = s0;
   c.bits = j | (s0 << 6) | (s1 << 16);
   return c;
@@ -743,7 +747,7 @@ __device__ __forceinline__ bool ring_issuer() { return (threadIdx.x & 31) == 0 &
 __device__ void issue_chunk(const Job* jobs, const Chunk& c, const Smem& sm, int slot) {
   const Job& jb = jobs[c.job()];
   const Mat& mt = jb.m[c.m()];
-  const int tile = c.rem / jb.ksplit;
+  const int tile = c.tile();
   const int row0 = c.slab * SLAB, rows = (min(c.slab + CHUNK_SLABS, c.s1()) - c.slab) * SLAB;
   const int g0 = row0 / GROUP_ROWS, ng = (row0 + rows - 1) / GROUP_ROWS - g0 + 1;
   const unsigned w_bytes = rows * TILE, g_bytes = ng * RING_G_BYTES;
@@ -800,7 +804,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, 
     if (k == 0) mark(cx, EV_FIRST_CHUNK);
     mark_chunk(cx, k, CH_LANDED);
     const Job& jb = jobs[c.job()];
-    const int tile = c.rem / jb.ksplit, split = c.rem % jb.ksplit;
+    const int tile = c.tile(), split = c.split();
     gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, c.s1()), sm.xh() + jb.x_off, acc);
     fold_chunk(acc, sm.red() + (c.m() * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == c.s0());
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
