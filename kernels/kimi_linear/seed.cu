@@ -248,10 +248,29 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 // mbarrier counts the bytes in. The copying threads no longer stall on issue (16-byte cp.async issue is
 // throttled to about the rate the data drains: ~1.5-2.5 µs per 32 KB chunk, on every block's critical
 // path), and the copies no longer queue in front of the compute warps' shared-memory loads.
+// A chunk carries its unit's job, index in the job and slab range, found once per unit (walking the
+// job table on every use cost a dependent chain of shared-memory loads per step).
+// Packed into four words: run_jobs keeps three chunks live around the GEMV loop.
+struct Chunk {
+  int unit;          // global unit index (>= total: none)
+  int slab;          // first slab of the chunk
+  unsigned place;    // the unit's output tile (bits 0-15) and K slice (16-31) in its job
+  unsigned bits;     // job (bits 0-4), matrix of a pair (5), the unit's slabs [s0, s1) (6-15, 16-25)
+  __device__ int tile() const { return place & 0xffff; }
+  __device__ int split() const { return place >> 16; }
+  __device__ int job() const { return bits & 31; }
+  __device__ int m() const { return (bits >> 5) & 1; }
+  __device__ int s0() const { return (bits >> 6) & 1023; }
+  __device__ int s1() const { return bits >> 16; }
+};
+static_assert(N_SLOTS < 32 && imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, MOE_INTER)) / 2 / SLAB < 1024, "Chunk fields");
+
 constexpr int RING_COPIES = 3;   // bulk copies per chunk: packed rows, scales, zeros
 struct RingSync {
   unsigned long long bar[2];   // one mbarrier per slot (RING_COPIES arrivals per fill)
   unsigned fills[2];           // bulk fills issued into each slot so far (thread 0 writes)
+  int total;                   // units of the job table in shared memory (job_table writes)
+  Chunk head;                  // this block's first chunk of that table (issue_first writes)
 };
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
@@ -490,8 +509,8 @@ __device__ void reduce_unit(const float* red, float* sums, int nm) {
 
 enum Epi { EPI_CONV, EPI_DECAY, EPI_RESIDUAL, EPI_SWIGLU, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
 enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
-__device__ int begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
-__device__ int job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
+__device__ void begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
+__device__ void job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
 
 struct Mat {
   const unsigned char* wq;
@@ -689,28 +708,6 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
 
 // ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
 
-// A chunk carries its unit's job, index in the job and slab range, found once per unit (walking the
-// job table on every use cost a dependent chain of shared-memory loads per step).
-// Packed into four words: run_jobs keeps three chunks live around the GEMV loop.
-struct Chunk {
-  int unit;          // global unit index (>= total: none)
-  int slab;          // first slab of the chunk
-  unsigned place;    // the unit's output tile (bits 0-15) and K slice (16-31) in its job
-  unsigned bits;     // job (bits 0-4), matrix of a pair (5), the unit's slabs [s0, s1) (6-15, 16-25)
-  __device__ int tile() const { return place & 0xffff; }
-  __device__ int split() const { return place >> 16; }
-  __device__ int job() const { return bits & 31; }
-  __device__ int m() const { return (bits >> 5) & 1; }
-  __device__ int s0() const { return (bits >> 6) & 1023; }
-  __device__ int s1() const { return bits >> 16; }
-};
-static_assert(N_SLOTS < 32 && imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, MOE_INTER)) / 2 / SLAB < 1024, "Chunk fields");
-
-__device__ int total_units(const Job* jobs, int njobs) {
-  int total = 0;
-  for (int j = 0; j < njobs; ++j) total += job_units(jobs[j]);
-  return total;
-}
 
 // Job of unit u; `rem` becomes the unit's index inside that job.
 __device__ int job_of(const Job* jobs, int u, int& rem) {
@@ -769,7 +766,7 @@ __device__ void issue_chunk(const Job* jobs, const Chunk& c, const Smem& sm, int
 // Put this block's first two chunks of `jobs` in flight (slots 0 and 1). Called before the barrier
 // that precedes the phase (the next phase's weights are known) or at the start of the phase. Most
 // blocks have at most two chunks per phase: their whole share lands while the grid synchronises.
-__device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem sm) {
+__device__ __noinline__ void issue_first(const Job* jobs, const Smem sm) {
   ring_wait(sm.rs, 0);   // a fill never read (a phase skipped by a profiling switch) must land first
   ring_wait(sm.rs, 1);
   __syncthreads();       // both slots are free: every earlier use of shared memory is over
@@ -777,8 +774,9 @@ __device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem 
     // Other phases write this memory through the generic proxy; the async-proxy copies must come after.
     // (A refill in run_jobs needs no fence: its slot has only been read since the last bulk copy.)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    const int total = total_units(jobs, njobs);
+    const int total = sm.rs->total;
     const Chunk c0 = unit_chunk(jobs, total, blockIdx.x);
+    if (threadIdx.x == 0) sm.rs->head = c0;
     if (c0.unit < total) {
       issue_chunk(jobs, c0, sm, 0);
       const Chunk c1 = next_chunk(jobs, total, c0);
@@ -788,16 +786,17 @@ __device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem 
   __syncthreads();       // the fill counts are visible to every waiter
 }
 
-// Run this block's units; its first two chunks must be in flight already (issue_first). Chunk i is
+// Run this block's units from the head chunk issue_first recorded (its first two chunks are in flight
+// already) over the job table in shared memory (job_table recorded its unit count). Chunk i is
 // computed from slot i % 2 while chunk i+1 lands in the other; chunk i+2 refills the slot as soon as
 // every warp has read it, before chunk i's unit is reduced and published.
-__device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, const Smem sm) {
-  const int total = total_units(jobs, njobs);
+__device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem sm) {
+  const int total = sm.rs->total;
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
   int slot = 0, k = 0;
-  Chunk c = unit_chunk(jobs, total, blockIdx.x);
+  Chunk c = sm.rs->head;
   Chunk nx = c.unit < total ? next_chunk(jobs, total, c) : c;
   for (; c.unit < total; slot ^= 1, ++k) {
     ring_wait(sm.rs, slot);
@@ -860,14 +859,14 @@ __device__ Job kda_project_job(const Ctx& cx, int m) {
 }
 
 // `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
-// The input is staged before begin_phase: when nothing was issued ahead (the step's first phase),
-// issuing two chunks stalls the threads for microseconds, and the staging used to wait behind it.
+// Otherwise (the step's first phase) they are issued before the input is staged, to land meanwhile:
+// a bulk copy's issue costs its thread well under a microsecond.
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
+  begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
-  const int n = begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
-  run_jobs(sm.jobs(), n, cx, sm);
+  run_jobs(sm.jobs(), cx, sm);
 }
 
 // KDA gated delta rule on (head, 16-column slice): S <- S*exp(g); S += beta k (v - S^T k); o = S^T q.
@@ -927,10 +926,10 @@ __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
+  begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
-  const int n = begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   mark(cx, EV_STAGED);
-  run_jobs(sm.jobs(), n, cx, sm);
+  run_jobs(sm.jobs(), cx, sm);
 }
 
 // MLA: q (+RoPE on the rope half), kv_a -> latent row and roped key appended at row ctx_len.
@@ -941,10 +940,10 @@ __device__ Job mla_project_job(const Ctx& cx, int j) {
 }
 
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
+  begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
-  const int n = begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   mark(cx, EV_STAGED);
-  run_jobs(sm.jobs(), n, cx, sm);
+  run_jobs(sm.jobs(), cx, sm);
 }
 
 // Int4 row of W_kv_b for the absorbs: 16 columns at `col` of packed row r (latent indices 2r, 2r+1) and
@@ -1411,10 +1410,10 @@ __device__ Job routed_job(const Ctx& cx, const Smem& sm, int j) {
 // input is not staged again: the router phase left rmsnorm(hidden) * moe_norm in this block's x.
 __device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
   route(cx, sm);
-  const int n = job_table(JS_ROUTED, cx, sm);
-  if (!PREFETCH || blockIdx.x >= SHARED_UNITS) issue_first(sm.jobs(), n, sm);
+  job_table(JS_ROUTED, cx, sm);
+  if (!PREFETCH || blockIdx.x >= SHARED_UNITS) issue_first(sm.jobs(), sm);
   mark(cx, EV_STAGED);
-  run_jobs(sm.jobs(), n, cx, sm);
+  run_jobs(sm.jobs(), cx, sm);
 }
 
 // Down projections of every routed (weighted) and shared expert into one reduction, then the
@@ -1433,10 +1432,10 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 
 // The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
+  begin_phase(JS_DOWN, cx, sm, ahead);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
-  const int n = begin_phase(JS_DOWN, cx, sm, ahead);
   mark(cx, EV_STAGED);
-  run_jobs(sm.jobs(), n, cx, sm);
+  run_jobs(sm.jobs(), cx, sm);
 }
 
 __device__ int job_count(JobSet set) {
@@ -1446,33 +1445,39 @@ __device__ int job_count(JobSet set) {
 
 // A phase's job table in shared memory (local-memory tables cost an L2 round trip per read once
 // shared memory has taken most of L1), one job per thread: built serially by one thread it cost
-// ~0.3 µs per job on the critical path. Returns the number of jobs.
-__device__ int job_table(JobSet set, const Ctx& cx, const Smem& sm) {
+// ~0.3 µs per job on the critical path. The jobs' threads are in warp 0, which adds up their units.
+static_assert(N_SLOTS <= 32, "a phase's jobs fit in one warp");
+__device__ void job_table(JobSet set, const Ctx& cx, const Smem& sm) {
   const int j = threadIdx.x, n = job_count(set);
   __syncthreads();   // earlier readers of the table are done
+  int units = 0;
   if (j < n) {
-    Job* jobs = sm.jobs();
+    Job jb;
     switch (set) {
-      case JS_KDA_PROJECT: jobs[j] = kda_project_job(cx, j); break;
-      case JS_KDA_OUT: jobs[j] = out_proj_job(cx, 4, C_KDA); break;
-      case JS_MLA_PROJECT: jobs[j] = mla_project_job(cx, j); break;
-      case JS_MLA_OUT: jobs[j] = out_proj_job(cx, 3, MLA_O_K); break;
-      case JS_SHARED: jobs[j] = shared_job(cx, j); break;
-      case JS_ROUTED: jobs[j] = routed_job(cx, sm, j); break;
-      case JS_DOWN: jobs[j] = down_job(cx, sm, j); break;
+      case JS_KDA_PROJECT: jb = kda_project_job(cx, j); break;
+      case JS_KDA_OUT: jb = out_proj_job(cx, 4, C_KDA); break;
+      case JS_MLA_PROJECT: jb = mla_project_job(cx, j); break;
+      case JS_MLA_OUT: jb = out_proj_job(cx, 3, MLA_O_K); break;
+      case JS_SHARED: jb = shared_job(cx, j); break;
+      case JS_ROUTED: jb = routed_job(cx, sm, j); break;
+      case JS_DOWN: jb = down_job(cx, sm, j); break;
     }
+    sm.jobs()[j] = jb;
+    units = job_units(jb);
+  }
+  if (j < 32) {
+    const int total = __reduce_add_sync(0xffffffffu, units);
+    if (j == 0) sm.rs->total = total;
   }
   __syncthreads();
-  return n;
 }
 
 // Build the phase's job table and put its first chunks in flight, unless the previous phase already
-// did both before the barrier (`ahead`). Returns the number of jobs.
-__device__ int begin_phase(JobSet set, const Ctx& cx, const Smem& sm, bool ahead) {
-  if (ahead) return job_count(set);
-  const int n = job_table(set, cx, sm);
-  issue_first(sm.jobs(), n, sm);
-  return n;
+// did both before the barrier (`ahead`).
+__device__ void begin_phase(JobSet set, const Ctx& cx, const Smem& sm, bool ahead) {
+  if (ahead) return;
+  job_table(set, cx, sm);
+  issue_first(sm.jobs(), sm);
 }
 
 // ================================ the schedule ================================
