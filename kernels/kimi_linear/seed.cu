@@ -859,11 +859,11 @@ __device__ Job kda_project_job(const Ctx& cx, int m) {
 }
 
 // `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
-// Otherwise (the step's first phase) they are issued before the input is staged, to land meanwhile:
-// a bulk copy's issue costs its thread well under a microsecond.
+// The input is staged before begin_phase: when nothing was issued ahead (the step's first phase),
+// issuing two chunks stalls the threads for microseconds, and the staging used to wait behind it.
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
   run_jobs(sm.jobs(), cx, sm);
@@ -926,8 +926,8 @@ __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
-  begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
+  begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
 }
@@ -940,8 +940,8 @@ __device__ Job mla_project_job(const Ctx& cx, int j) {
 }
 
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
-  begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
 }
@@ -1432,8 +1432,8 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 
 // The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
-  begin_phase(JS_DOWN, cx, sm, ahead);
   stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
+  begin_phase(JS_DOWN, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
 }
