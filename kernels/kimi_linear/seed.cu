@@ -243,14 +243,9 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   return v;
 }
 
-// The weight ring is filled by the TMA engine: one thread issues a bulk copy per contiguous piece of a
-// chunk (the binding lays every matrix out tile-major, so a chunk's rows are one piece), and a slot's
-// mbarrier counts the bytes in. The copying threads no longer stall on issue (16-byte cp.async issue is
-// throttled to about the rate the data drains: ~1.5-2.5 µs per 32 KB chunk, on every block's critical
-// path), and the copies no longer queue in front of the compute warps' shared-memory loads.
-// A chunk carries its unit's job, index in the job and slab range, found once per unit (walking the
-// job table on every use cost a dependent chain of shared-memory loads per step).
-// Packed into four words: run_jobs keeps three chunks live around the GEMV loop.
+// A chunk of the weight stream carries its unit's job, tile, K slice and slab range, found once per unit
+// (walking the job table on every use cost a dependent chain of shared-memory loads per step). Packed
+// into four words: run_jobs keeps three chunks live around the GEMV loop.
 struct Chunk {
   int unit;          // global unit index (>= total: none)
   int slab;          // first slab of the chunk
@@ -265,6 +260,11 @@ struct Chunk {
 };
 static_assert(N_SLOTS < 32 && imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, MOE_INTER)) / 2 / SLAB < 1024, "Chunk fields");
 
+// The weight ring is filled by the TMA engine: one thread issues a bulk copy per contiguous piece of a
+// chunk (the binding lays every matrix out tile-major, so a chunk's rows are one piece), and a slot's
+// mbarrier counts the bytes in. The copying threads no longer stall on issue (16-byte cp.async issue is
+// throttled to about the rate the data drains: ~1.5-2.5 µs per 32 KB chunk, on every block's critical
+// path), and the copies no longer queue in front of the compute warps' shared-memory loads.
 constexpr int RING_COPIES = 3;   // bulk copies per chunk: packed rows, scales, zeros
 struct RingSync {
   unsigned long long bar[2];   // one mbarrier per slot (RING_COPIES arrivals per fill)
@@ -708,7 +708,6 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
 
 // ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
 
-
 // Job of unit u; `rem` becomes the unit's index inside that job.
 __device__ int job_of(const Job* jobs, int u, int& rem) {
   int j = 0;
@@ -859,8 +858,8 @@ __device__ Job kda_project_job(const Ctx& cx, int m) {
 }
 
 // `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
-// The input is staged before begin_phase: when nothing was issued ahead (the step's first phase),
-// issuing two chunks stalls the threads for microseconds, and the staging used to wait behind it.
+// The input is staged before begin_phase. (With bulk copies, issuing first in the step's first phase
+// looked ~5 µs faster in one measurement that was not of this exact kernel: see BENCHMARKS.md.)
 __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
   stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
   begin_phase(JS_KDA_PROJECT, cx, sm, ahead);

@@ -119,7 +119,6 @@ class MegakernelModel(KimiBlocks):
         if size != ctypes.sizeof(ptype):
             raise RuntimeError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
-        self._tiled = []
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
