@@ -41,7 +41,7 @@
 // @knob KSPLIT_MLA 9 {6,9,12,18} K slices of the MLA q/kv_a projections
 // @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
 // @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
-// @knob ATTN_MAX_SPLITS 128 {32,64,128} most context splits per head group in MLA attention
+// @knob ATTN_MAX_SPLITS 160 {64,128,160} most context splits per head group in MLA attention (the grid allows 132)
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 
@@ -137,7 +137,7 @@ constexpr size_t SM_XH = 0;                                               // hal
 constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[2][WARPS][TILE]: a unit's per-warp sums
 constexpr size_t SM_SUMS = SM_RED + 4 * 2 * (size_t)WARPS * TILE;         // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
-constexpr size_t SM_JOBS = SM_MISC + ((256 + 4 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
+constexpr size_t SM_JOBS = SM_MISC + ((256 + 8 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
 constexpr size_t JOBS_BYTES = 2048;
 constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
 constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
@@ -313,7 +313,7 @@ struct Smem {
   __device__ int* flag() const { return reinterpret_cast<int*>(base + SM_MISC); }
   __device__ int* sel_e() const { return reinterpret_cast<int*>(base + SM_MISC + 16); }
   __device__ float* sel_w() const { return reinterpret_cast<float*>(base + SM_MISC + 16 + 4 * 16); }
-  __device__ float* logits() const { return reinterpret_cast<float*>(base + SM_MISC + 256); }
+  __device__ float* logits() const { return reinterpret_cast<float*>(base + SM_MISC + 256); }   // logits, then probabilities
   __device__ unsigned char* ring(int slot) const { return base + SM_RING + slot * RING_SLOT; }
   __device__ struct Job* jobs() const { return reinterpret_cast<struct Job*>(base + SM_JOBS); }
 };
@@ -1002,10 +1002,17 @@ __device__ void mla_absorb_q(const Ctx& cx) {
   }
 }
 
-__device__ int attn_splits(int tokens) {
+// Context split of MLA attention: each split is a whole number of ATT_TT-token tiles (a split of
+// 129 tokens cost a fifth 32-token tile for one token), as many splits as the grid holds units.
+__device__ int attn_split_tokens(int tokens) {
   const int by_grid = imax(1, (int)gridDim.x / (MLA_H / ATT_HG));
-  const int by_tiles = (tokens + ATT_TT - 1) / ATT_TT;
-  return min(ATTN_MAX_SPLITS, min(by_grid, by_tiles));
+  const int tiles = (tokens + ATT_TT - 1) / ATT_TT;
+  const int want = min(ATTN_MAX_SPLITS, min(by_grid, tiles));
+  return (tiles + want - 1) / want * ATT_TT;
+}
+__device__ int attn_splits(int tokens) {
+  const int per = attn_split_tokens(tokens);
+  return (tokens + per - 1) / per;
 }
 
 // ---- tensor-core helpers (mma.sync m16n8k16, bf16 in, fp32 accumulate) ----
@@ -1102,7 +1109,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
   const int g = lane >> 2, c = lane & 3;
   const int tokens = cx.ctx_len + 1;
   const int nsplit = attn_splits(tokens);
-  const int per = (tokens + nsplit - 1) / nsplit;
+  const int per = attn_split_tokens(tokens);
   const int units = nsplit * (MLA_H / ATT_HG);
   const int s_nt = warp % (ATT_TT / 8), s_ks = warp / (ATT_TT / 8);   // this warp's score tile and K slice
   const int k_begin = s_ks * KSTEPS / SC_KS, k_end = (s_ks + 1) * KSTEPS / SC_KS;
@@ -1328,43 +1335,64 @@ __device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
 }
 
 // MoE routing from the bf16 router logits: softmax in fp32, top-k (ties to the lower index),
-// weights renormalised and scaled. Every block computes it redundantly (no barrier needed): one
-// thread per logit, warp reductions for the max and the sum, O(E) rank count per thread.
+// weights renormalised and scaled. Every block computes it redundantly (no barrier needed). Three
+// block barriers: warp 0 holds the logits (softmax statistics by shuffles); RANK_PARTS threads per
+// expert count its rank over interleaved slices (unrolled, shuffled together); the k selected lanes
+// renormalise in parallel, each adding the weights in index order. The one-thread-per-expert rank
+// loop and a serial renormalisation made routing ~2.5 µs of the gate/up phase's critical path.
+constexpr int RANK_PARTS = THREADS / N_EXPERTS >= 4 ? 4 : THREADS / N_EXPERTS >= 2 ? 2 : 1;
 __device__ void route(const Ctx& cx, const Smem& sm) {
-  constexpr int EW = (N_EXPERTS + 31) / 32;   // warps holding logits
-  const int e = threadIdx.x, lane = e & 31;
+  constexpr int PER_LANE = (N_EXPERTS + 31) / 32, PER_PART = (N_EXPERTS + RANK_PARTS - 1) / RANK_PARTS;
+  const int t = threadIdx.x, lane = t & 31;
   float* lg = sm.logits();
-  float* red = sm.red();
-  if (e < N_ACTIVE) { sm.sel_e()[e] = 0; sm.sel_w()[e] = 0.0f; }   // NaN logits must not index out of range
-  const float mine = e < N_EXPERTS ? __ldcg(cx.logits() + e) : NEG_INF;
-  if (e < N_EXPERTS) lg[e] = mine;
-  const float wmax = warp_max(mine);
-  if (lane == 0 && e < 32 * EW) red[e >> 5] = wmax;
-  __syncthreads();
-  float mx = NEG_INF;
+  float* prob = lg + N_EXPERTS;   // softmax probability of each expert
+  if (t < N_ACTIVE) { sm.sel_e()[t] = 0; sm.sel_w()[t] = 0.0f; }   // NaN logits must not index out of range
+  if (t < 32) {
+    float v[PER_LANE];
+    float mx = NEG_INF;
 #pragma unroll
-  for (int w = 0; w < EW; ++w) mx = fmaxf(mx, red[w]);
-  const float ex = e < N_EXPERTS ? expf(mine - mx) : 0.0f;
-  const float wsum = warp_sum(ex);
-  __syncthreads();   // the maxima are read
-  if (lane == 0 && e < 32 * EW) red[e >> 5] = wsum;
-  __syncthreads();
-  float denom = 0.0f;
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + 32 * i;
+      v[i] = e < N_EXPERTS ? __ldcg(cx.logits() + e) : NEG_INF;
+      mx = fmaxf(mx, v[i]);
+    }
+    mx = warp_max(mx);
+    float ex[PER_LANE], sum = 0.0f;
 #pragma unroll
-  for (int w = 0; w < EW; ++w) denom += red[w];
-  if (e < N_EXPERTS) {
-    int rank = 0;
-    for (int j = 0; j < N_EXPERTS; ++j) {
+    for (int i = 0; i < PER_LANE; ++i) {
+      ex[i] = lane + 32 * i < N_EXPERTS ? expf(v[i] - mx) : 0.0f;
+      sum += ex[i];
+    }
+    const float denom = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const int e = lane + 32 * i;
+      if (e < N_EXPERTS) { lg[e] = v[i]; prob[e] = ex[i] / denom; }
+    }
+  }
+  __syncthreads();
+  const int e = t / RANK_PARTS, part = t % RANK_PARTS;
+  const float mine = e < N_EXPERTS ? lg[e] : 0.0f;
+  int rank = 0;
+#pragma unroll
+  for (int i = 0; i < PER_PART; ++i) {
+    const int j = part + i * RANK_PARTS;
+    if (e < N_EXPERTS && j < N_EXPERTS) {
       const float lj = lg[j];
       rank += (lj > mine) || (lj == mine && j < e);
     }
-    if (rank < N_ACTIVE) { sm.sel_e()[rank] = e; sm.sel_w()[rank] = ex / denom; }
   }
+#pragma unroll
+  for (int o = 1; o < RANK_PARTS; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);   // every lane takes part
+  if (e < N_EXPERTS && part == 0 && rank < N_ACTIVE) { sm.sel_e()[rank] = e; sm.sel_w()[rank] = prob[e]; }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (t < 32) {
+    const float mine = t < N_ACTIVE ? sm.sel_w()[t] : 0.0f;
     float tot = 0.0f;
+#pragma unroll
     for (int j = 0; j < N_ACTIVE; ++j) tot += sm.sel_w()[j];
-    for (int j = 0; j < N_ACTIVE; ++j) sm.sel_w()[j] = sm.sel_w()[j] / (tot + 1e-9f) * ROUTED_SCALING;
+    __syncwarp();
+    if (t < N_ACTIVE) sm.sel_w()[t] = mine / (tot + 1e-9f) * ROUTED_SCALING;
   }
   __syncthreads();
 }
