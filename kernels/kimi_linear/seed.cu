@@ -7,8 +7,10 @@
 // Weights are streamed once as int4; no bf16 weight matrix is ever written.
 //
 // How: a persistent grid (SMs x BLOCKS_PER_SM blocks, all co-resident) walks the phase schedule at
-// the bottom of this file; phases are separated by grid-wide barriers (6 per KDA layer, 8 per MLA
-// layer; a block arrives, issues the next phase's prefetch, then waits). A GEMV phase is a list of jobs; a job's output columns are cut into 256-wide tiles and
+// the bottom of this file; phases are separated by grid-wide barriers (5 per KDA layer, 7 per MLA
+// layer; a block arrives, issues the next phase's prefetch, then waits), except that the MoE down
+// projections follow a block's gate/up units directly: a down unit waits on per-tile flags for the
+// activations its K slice reads. A GEMV phase is a list of jobs; a job's output columns are cut into 256-wide tiles and
 // its input into KSPLIT slices; a block computes one (tile, slice) unit with all its warps, writes
 // the partial, and the last block to finish a tile (arrival counter) sums the partials in a fixed
 // order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...). Deterministic: no float
@@ -108,9 +110,10 @@ constexpr size_t OFF_QEFF = OFF_QR + (size_t)MLA_H * QK_ROPE;
 constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l, ctx[KV_LORA]
 constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
-constexpr size_t SPLITK_FLOATS = (size_t)imax(
+constexpr size_t GU_PART_FLOATS = (size_t)(N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER;
+constexpr size_t SPLITK_FLOATS = (size_t)imax(   // gate/up and down run at once: their partials lie apart
     imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_MLA * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
-    imax((N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
+    (int)(GU_PART_FLOATS + (size_t)N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
 constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4 + 3 * 6;   // see Event
 constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
@@ -122,7 +125,10 @@ static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V
               GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
 constexpr int CNT_MERGE = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +   // after the tile counters:
                           N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN);            // one per MLA head
-constexpr int COUNTER_WORDS = CNT_MERGE + MLA_H + 32;
+constexpr int CNT_DOWN = N_SLOTS * tiles_of(MOE_INTER);   // down's tile counters, apart from gate/up's
+constexpr int CNT_ACT = CNT_MERGE + MLA_H;                  // per (slot, tile): its SwiGLU activations are out
+constexpr int COUNTER_WORDS = CNT_ACT + N_SLOTS * tiles_of(MOE_INTER) + 32;
+static_assert(CNT_DOWN + tiles_of(HIDDEN) <= CNT_MERGE && N_SLOTS * tiles_of(MOE_INTER) <= THREADS, "counter areas");
 constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
 
 // Shared memory: one dynamic buffer, carved per phase kind.
@@ -407,11 +413,11 @@ __device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
 }
 
 // x <- fp16(src[0..n)) for n % 4 == 0, 16-byte loads.
-__device__ void stage_floats(const float* src, int n, const Smem& sm) {
+__device__ void stage_floats(const float* src, int n, const Smem& sm, int off) {
 #pragma unroll 4
   for (int v = threadIdx.x; v < n / 4; v += THREADS) {
-    const float4 f = __ldcg(reinterpret_cast<const float4*>(src) + v);
-    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + 4 * v);
+    const float4 f = __ldcg(reinterpret_cast<const float4*>(src + off) + v);
+    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + off + 4 * v);
     dst[0] = __floats2half2_rn(f.x, f.y);
     dst[1] = __floats2half2_rn(f.z, f.w);
   }
@@ -529,6 +535,8 @@ struct Job {
   float* part;         // [nslots][1 + paired][N]
   unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
   int epi, aux;
+  const unsigned* ready;   // null, or per 256-wide tile of the input: nonzero once it is written
+  const float* x_src;      // with `ready`: the input, staged unit by unit (x_off as in the staged x)
 };
 
 static_assert(N_SLOTS * sizeof(Job) <= JOBS_BYTES, "job table must fit its shared-memory area");
@@ -561,6 +569,8 @@ __device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* 
   j.count = count;
   j.epi = epi;
   j.aux = aux;
+  j.ready = nullptr;
+  j.x_src = nullptr;
   return j;
 }
 
@@ -677,6 +687,13 @@ __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
   __syncthreads();
 }
 
+// A finished tile of SwiGLU activations (the block barrier at the epilogue's end already passed) is
+// out for the down projections that read it, which start on it without a grid barrier.
+__device__ void publish_tile(const Job& jb, int tile, const Ctx& cx) {
+  if (jb.epi == EPI_SWIGLU && threadIdx.x == 0)
+    atomic_add_release(cx.counters + CNT_ACT + jb.aux * tiles_of(MOE_INTER) + tile, 1u);
+}
+
 // Publish this unit's partial; the last unit of the tile sums all partials and runs the epilogue.
 // Arrival: every thread's partial store, a block barrier, then thread 0's acq_rel counter atomic
 // (the release covers the block's stores through the barrier; the same holds for the acquire side).
@@ -687,6 +704,7 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
     for (int t = threadIdx.x; t < nm * TILE; t += THREADS) sums[t] *= jb.weight;
     __syncthreads();
     epilogue(jb, tile, cx, sm);
+    publish_tile(jb, tile, cx);
     return;
   }
   const int col0 = tile * TILE;
@@ -704,6 +722,7 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
   if (!*sm.flag()) return;
   sum_partials(jb, col0, sums, sm.red());
   epilogue(jb, tile, cx, sm);
+  publish_tile(jb, tile, cx);
 }
 
 // ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
@@ -785,6 +804,18 @@ __device__ __noinline__ void issue_first(const Job* jobs, const Smem sm) {
   __syncthreads();       // the fill counts are visible to every waiter
 }
 
+// A unit whose input arrives during the phase: thread 0 waits until every input tile its K slice
+// reads is out, then the block stages that slice. The caller has passed a block barrier since the
+// block last read x.
+__device__ void await_input(const Job& jb, const Chunk& c, const Smem& sm) {
+  const int k0 = c.s0() * 2 * SLAB, k1 = c.s1() * 2 * SLAB;
+  if (threadIdx.x == 0)
+    for (int t = k0 / TILE; t <= (k1 - 1) / TILE; ++t)
+      while (ld_acquire(jb.ready + t) == 0u) {}
+  __syncthreads();
+  stage_floats(jb.x_src, k1 - k0, sm, jb.x_off + k0);
+}
+
 // Run this block's units from the head chunk issue_first recorded (its first two chunks are in flight
 // already) over the job table in shared memory (job_table recorded its unit count). Chunk i is
 // computed from slot i % 2 while chunk i+1 lands in the other; chunk i+2 refills the slot as soon as
@@ -803,6 +834,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem 
     mark_chunk(cx, k, CH_LANDED);
     const Job& jb = jobs[c.job()];
     const int tile = c.tile(), split = c.split();
+    if (jb.ready && c.slab == c.s0() && c.m() == 0) await_input(jb, c, sm);
     gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, c.s1()), sm.xh() + jb.x_off, acc);
     fold_chunk(acc, sm.red() + (c.m() * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == c.s0());
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
@@ -925,7 +957,7 @@ __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
-  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
+  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm, 0);
   begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
@@ -1418,6 +1450,9 @@ __device__ Job shared_job(const Ctx& cx, int s) {
 // routed phase that follows; the ring keeps the shared experts' first chunks (issued before this
 // phase) untouched.
 __device__ void moe_router(const Ctx& cx, const Smem& sm) {
+  // The activation-tile flags: the last layer's down units are past a grid barrier, this layer's
+  // gate/up units come after the next one.
+  if (blockIdx.x == 0 && threadIdx.x < N_SLOTS * tiles_of(MOE_INTER)) cx.counters[CNT_ACT + threadIdx.x] = 0u;
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
 }
@@ -1449,18 +1484,22 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
   const bool routed = j < N_ACTIVE;
   const Mat m = routed ? expert_mat(cx.L->expert[2], sm.sel_e()[j], MOE_INTER, HIDDEN)
                        : expert_mat(cx.L->shared[2], j - N_ACTIVE, MOE_INTER, HIDDEN);
-  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk(), cx.counters, EPI_MOE_OUT, 0);
+  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk() + GU_PART_FLOATS, cx.counters + CNT_DOWN,
+                    EPI_MOE_OUT, 0);
   jb.x_off = j * MOE_INTER;
+  jb.ready = cx.counters + CNT_ACT + j * tiles_of(MOE_INTER);
+  jb.x_src = cx.act();
   jb.weight = routed ? sm.sel_w()[j] : 1.0f;
   jb.slot0 = j * KSPLIT_DOWN;
   jb.nslots = N_SLOTS * KSPLIT_DOWN;
   return jb;
 }
 
-// The routing computed in the gate/up phase is still in this block's shared memory.
-__device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
-  stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
-  begin_phase(JS_DOWN, cx, sm, ahead);
+// Right after this block's gate/up units, no grid barrier between: each down unit waits for the
+// activation tiles its K slice reads (await_input) and stages only them; its first chunks are in
+// flight meanwhile. The routing computed in the gate/up phase is still in this block's shared memory.
+__device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
+  begin_phase(JS_DOWN, cx, sm, false);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
 }
@@ -1585,13 +1624,8 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
     }
     if (attn) attn_out_proj(cx, sm, PREFETCH);    grid.sync(JS_SHARED, cx, sm);    // hidden = x + o W_o
     if (moe) moe_router(cx, sm);                  grid.sync();   // router logits
-    if (moe) {                                                   // top-k; shared and routed SwiGLU
-      moe_routed_gate_up(cx, sm);
-      grid.sync(JS_DOWN, cx, sm);
-    } else {
-      grid.sync();
-    }
-    if (moe) moe_down_residual(cx, sm, PREFETCH);                // hidden += sum_e w_e down_e
+    if (moe) moe_routed_gate_up(cx, sm);                         // top-k; shared and routed SwiGLU, then
+    if (moe) moe_down_residual(cx, sm);                          // hidden += sum_e w_e down_e
     if (l + 1 < NUM_LAYERS) grid.sync(is_mla_layer(l + 1) ? JS_MLA_PROJECT : JS_KDA_PROJECT, layer_ctx(p, l + 1), sm);
   }
   grid.stamp();
