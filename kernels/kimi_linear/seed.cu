@@ -10,11 +10,11 @@
 // the bottom of this file; phases are separated by grid-wide barriers (5 per KDA layer, 7 per MLA
 // layer; a block arrives, issues the next phase's prefetch, then waits), except that the MoE down
 // projections follow a block's gate/up units directly: a down unit waits on per-tile flags for the
-// activations its K slice reads. A GEMV phase is a list of jobs; a job's output columns are cut into 256-wide tiles and
-// its input into KSPLIT slices; a block computes one (tile, slice) unit with all its warps, writes
-// the partial, and the last block to finish a tile (arrival counter) sums the partials in a fixed
-// order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...). Deterministic: no float
-// atomics anywhere.
+// activations its K slice reads. A GEMV phase is a list of jobs; a job's output columns are cut
+// into 256-wide tiles and its input into KSPLIT slices; a block computes one (tile, slice) unit with
+// all its warps, writes the partial, and the last block to finish a tile (arrival counter) sums the
+// partials in a fixed order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...).
+// Deterministic: no float atomics anywhere.
 //
 // Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that the TMA engine
 // copies (cp.async.bulk, three copies per chunk from the binding's tile-major layout, an mbarrier per
