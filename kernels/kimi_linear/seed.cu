@@ -412,7 +412,7 @@ __device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
   __syncthreads();
 }
 
-// x <- fp16(src[0..n)) for n % 4 == 0, 16-byte loads.
+// x[off, off + n) <- fp16(src[off, off + n)) for n % 4 == 0 and off % 4 == 0, 16-byte loads.
 __device__ void stage_floats(const float* src, int n, const Smem& sm, int off) {
 #pragma unroll 4
   for (int v = threadIdx.x; v < n / 4; v += THREADS) {
