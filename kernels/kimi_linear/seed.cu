@@ -9,11 +9,14 @@
 // How: a persistent grid (SMs x BLOCKS_PER_SM blocks, all co-resident) walks the phase schedule at
 // the bottom of this file; phases are separated by grid-wide barriers (5 per KDA layer, 7 per MLA
 // layer; a block arrives, issues the next phase's prefetch, then waits), except that the MoE down
-// projections follow a block's gate/up units directly: a down unit waits on per-tile flags for the
-// activations its K slice reads. A GEMV phase is a list of jobs; a job's output columns are cut
-// into 256-wide tiles and its input into KSPLIT slices; a block computes one (tile, slice) unit with
-// all its warps, writes the partial, and the last block to finish a tile (arrival counter) sums the
-// partials in a fixed order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...).
+// projections follow a block's gate/up units directly. A GEMV phase is a list of jobs; a job's output
+// columns are cut into 256-wide tiles and its input into KSPLIT slices; a block computes one (tile,
+// slice) unit with all its warps, writes the partial, and the last block to finish a tile (arrival
+// counter) sums the partials in a fixed order and runs the tile's epilogue (RoPE, cache row, residual).
+// Two projections leave the sum to their consumer instead, which takes the finish of a tile off the
+// critical path: the KDA delta rule sums the q/k/v/g partials of its head (and applies the conv and
+// the decay), and a down unit waits until every K slice of the gate/up tiles its own K slice reads has
+// arrived, then sums their partials and applies SwiGLU as it stages its input.
 // Deterministic: no float atomics anywhere.
 //
 // Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that the TMA engine
@@ -99,12 +102,11 @@ static_assert(N_EXPERTS <= THREADS, "one thread per router logit");
 static_assert(N_ACTIVE <= 16 && N_SHARED <= 4, "routing slots live in a small shared-memory area");
 
 // Scratch (floats): every intermediate that crosses blocks. Offsets are compile-time.
-constexpr size_t OFF_QKVG = 0;                                           // q, k, v (post conv), log-decay
-constexpr size_t OFF_BETA = OFF_QKVG + 4 * (size_t)C_KDA;
+constexpr size_t OFF_KDA_PART = 0;   // KDA q, k, v, g projection partials [4][KSPLIT_KDA][C_KDA], read two phases on
+constexpr size_t OFF_BETA = OFF_KDA_PART + 4 * (size_t)KSPLIT_KDA * C_KDA;
 constexpr size_t OFF_ATTN_O = OFF_BETA + align4(KDA_H);
 constexpr size_t OFF_LOGITS = OFF_ATTN_O + align4(imax(C_KDA, MLA_O_K));
-constexpr size_t OFF_ACT = OFF_LOGITS + align4(N_EXPERTS);
-constexpr size_t OFF_QN = OFF_ACT + (size_t)N_SLOTS * MOE_INTER;
+constexpr size_t OFF_QN = OFF_LOGITS + align4(N_EXPERTS);
 constexpr size_t OFF_QR = OFF_QN + (size_t)MLA_H * QK_NOPE;
 constexpr size_t OFF_QEFF = OFF_QR + (size_t)MLA_H * QK_ROPE;
 constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l, ctx[KV_LORA]
@@ -112,7 +114,7 @@ constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t GU_PART_FLOATS = (size_t)(N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER;
 constexpr size_t SPLITK_FLOATS = (size_t)imax(   // gate/up and down run at once: their partials lie apart
-    imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_MLA * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
+    imax(KSPLIT_MLA * (MLA_Q_N + KVA_N), KSPLIT_O * HIDDEN),
     (int)(GU_PART_FLOATS + (size_t)N_SLOTS * KSPLIT_DOWN * HIDDEN));
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
 constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4 + 3 * 6;   // see Event
@@ -125,10 +127,9 @@ static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V
               GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
 constexpr int CNT_MERGE = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +   // after the tile counters:
                           N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN);            // one per MLA head
-constexpr int CNT_DOWN = N_SLOTS * tiles_of(MOE_INTER);   // down's tile counters, apart from gate/up's
-constexpr int CNT_ACT = CNT_MERGE + MLA_H;                  // per (slot, tile): its SwiGLU activations are out
-constexpr int COUNTER_WORDS = CNT_ACT + N_SLOTS * tiles_of(MOE_INTER) + 32;
-static_assert(CNT_DOWN + tiles_of(HIDDEN) <= CNT_MERGE && N_SLOTS * tiles_of(MOE_INTER) <= THREADS, "counter areas");
+constexpr int CNT_GATE_UP = CNT_MERGE + MLA_H;   // per (slot, tile): gate/up K slices arrived (down waits on them)
+constexpr int COUNTER_WORDS = CNT_GATE_UP + N_SLOTS * tiles_of(MOE_INTER) + 32;
+static_assert(N_SLOTS * tiles_of(MOE_INTER) <= THREADS, "one clearing thread per gate/up counter");
 constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
 
 // Shared memory: one dynamic buffer, carved per phase kind.
@@ -333,11 +334,10 @@ struct Ctx {
   unsigned* counters;
   int ctx_len;
   int layer;
-  __device__ float* qkvg() const { return scratch + OFF_QKVG; }
+  __device__ float* kda_part() const { return scratch + OFF_KDA_PART; }
   __device__ float* beta() const { return scratch + OFF_BETA; }
   __device__ float* attn_o() const { return scratch + OFF_ATTN_O; }
   __device__ float* logits() const { return scratch + OFF_LOGITS; }
-  __device__ float* act() const { return scratch + OFF_ACT; }
   __device__ float* qn() const { return scratch + OFF_QN; }
   __device__ float* qr() const { return scratch + OFF_QR; }
   __device__ float* qeff() const { return scratch + OFF_QEFF; }
@@ -513,7 +513,7 @@ __device__ void reduce_unit(const float* red, float* sums, int nm) {
 
 // ================================ jobs, units and epilogues ================================
 
-enum Epi { EPI_CONV, EPI_DECAY, EPI_RESIDUAL, EPI_SWIGLU, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
+enum Epi { EPI_RESIDUAL, EPI_PARTIALS, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
 enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
 __device__ void begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
 __device__ void job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
@@ -535,8 +535,10 @@ struct Job {
   float* part;         // [nslots][1 + paired][N]
   unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
   int epi, aux;
-  const unsigned* ready;   // null, or per 256-wide tile of the input: nonzero once it is written
-  const float* x_src;      // with `ready`: the input, staged unit by unit (x_off as in the staged x)
+  const unsigned* ready;   // null, or per 256-wide tile of the input: arrivals of its producer's units
+  int ready_count;         // arrivals that complete an input tile (the producer's K slices)
+  const float* gu_part;    // with `ready`: the producer's gate/up partials [ready_count][2][MOE_INTER];
+                           // the input is their SwiGLU, staged unit by unit (x_off as in the staged x)
 };
 
 static_assert(N_SLOTS * sizeof(Job) <= JOBS_BYTES, "job table must fit its shared-memory area");
@@ -570,7 +572,8 @@ __device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* 
   j.epi = epi;
   j.aux = aux;
   j.ready = nullptr;
-  j.x_src = nullptr;
+  j.ready_count = 0;
+  j.gu_part = nullptr;
   return j;
 }
 
@@ -583,23 +586,6 @@ __device__ void slab_range(const Job& j, int split, int& s0, int& s1) {
 }
 
 // --- epilogues: block-wide, one output column per thread; `a`/`b` are the finished sums ---
-
-__device__ void epi_conv(const Ctx& cx, int which, int n, float a) {
-  const float y = bf16r(a);                              // projection output is bf16
-  bf16* win = cx.L->conv_state[which];                   // (CONV_K-1, C) bf16, oldest first
-  const bf16* w = cx.L->conv_w + ((size_t)which * C_KDA + n) * CONV_K;
-  float hist[CONV_K - 1];
-#pragma unroll
-  for (int j = 0; j < CONV_K - 1; ++j) hist[j] = ld_bf16(win + (size_t)j * C_KDA + n);
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < CONV_K - 1; ++j) acc += hist[j] * __bfloat162float(w[j]);
-  acc += y * __bfloat162float(w[CONV_K - 1]);
-  cx.qkvg()[(size_t)which * C_KDA + n] = bf16r(silu(acc));
-#pragma unroll
-  for (int j = 0; j < CONV_K - 2; ++j) win[(size_t)j * C_KDA + n] = __float2bfloat16_rn(hist[j + 1]);
-  win[(size_t)(CONV_K - 2) * C_KDA + n] = __float2bfloat16_rn(y);
-}
 
 __device__ float rope_rotate(float self, float partner, bool odd, int pair, const Ctx& cx) {
   const float ang = (float)cx.ctx_len * cx.p->rope_inv_freq[pair];
@@ -615,12 +601,9 @@ __device__ void epilogue(const Job& jb, int tile, const Ctx& cx, const Smem& sm)
   if (on) {
     const float a = sums[t];
     switch (jb.epi) {
-      case EPI_CONV: epi_conv(cx, jb.aux, n, a); break;
-      case EPI_DECAY: cx.qkvg()[3 * (size_t)C_KDA + n] = -softplus(bf16r(a)); break;
       case EPI_RESIDUAL:
         cx.p->hidden_out[n] = __float2bfloat16_rn(ld_bf16(cx.resid + n) + bf16r(a));
         break;
-      case EPI_SWIGLU: cx.act()[(size_t)jb.aux * MOE_INTER + n] = silu(a) * sums[TILE + t]; break;
       case EPI_MOE_OUT:
         cx.p->hidden_out[n] = __float2bfloat16_rn(ld_bf16(cx.p->hidden_out + n) + bf16r(a));
         break;
@@ -687,24 +670,18 @@ __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
   __syncthreads();
 }
 
-// A finished tile of SwiGLU activations (the block barrier at the epilogue's end already passed) is
-// out for the down projections that read it, which start on it without a grid barrier.
-__device__ void publish_tile(const Job& jb, int tile, const Ctx& cx) {
-  if (jb.epi == EPI_SWIGLU && threadIdx.x == 0)
-    atomic_add_release(cx.counters + CNT_ACT + jb.aux * tiles_of(MOE_INTER) + tile, 1u);
-}
-
 // Publish this unit's partial; the last unit of the tile sums all partials and runs the epilogue.
 // Arrival: every thread's partial store, a block barrier, then thread 0's acq_rel counter atomic
 // (the release covers the block's stores through the barrier; the same holds for the acquire side).
+// EPI_PARTIALS jobs stop at the arrival (a release; none where the consumer is past a grid barrier):
+// their consumer sums the partials itself.
 __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, const Smem& sm) {
   const int nm = 1 + jb.paired;
   float* sums = sm.sums();
-  if (jb.nslots == 1) {
+  if (jb.nslots == 1 && jb.epi != EPI_PARTIALS) {
     for (int t = threadIdx.x; t < nm * TILE; t += THREADS) sums[t] *= jb.weight;
     __syncthreads();
     epilogue(jb, tile, cx, sm);
-    publish_tile(jb, tile, cx);
     return;
   }
   const int col0 = tile * TILE;
@@ -713,6 +690,10 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
       for (int m = 0; m < nm; ++m)
         jb.part[((size_t)(jb.slot0 + split) * nm + m) * jb.N + col0 + t] = sums[m * TILE + t] * jb.weight;
   __syncthreads();
+  if (jb.epi == EPI_PARTIALS) {
+    if (threadIdx.x == 0 && jb.count) atomic_add_release(jb.count + tile, 1u);
+    return;
+  }
   if (threadIdx.x == 0) {
     const bool last = atomic_add_acq_rel(jb.count + tile, 1u) == (unsigned)(jb.nslots - 1);
     if (last) jb.count[tile] = 0u;    // every arrival is in; ready for the next phase (after a grid barrier)
@@ -722,7 +703,6 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
   if (!*sm.flag()) return;
   sum_partials(jb, col0, sums, sm.red());
   epilogue(jb, tile, cx, sm);
-  publish_tile(jb, tile, cx);
 }
 
 // ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
@@ -804,16 +784,42 @@ __device__ __noinline__ void issue_first(const Job* jobs, const Smem sm) {
   __syncthreads();       // the fill counts are visible to every waiter
 }
 
-// A unit whose input arrives during the phase: thread 0 waits until every input tile its K slice
-// reads is out, then the block stages that slice. The caller has passed a block barrier since the
-// block last read x.
+// x[off + k0, off + k0 + n) <- fp16(silu(gate) * up), gate and up each the sum of `parts` K-slice
+// partials ([parts][2][MOE_INTER]) in slot order (deterministic). One (matrix, 4 columns) item per
+// thread with SUM_BATCH loads in flight; the sums meet in `red`, free between a block's units.
+__device__ void stage_swiglu(const float* part, int parts, int k0, int n, const Smem& sm, int off) {
+  float* sums = sm.red();
+  const int q4 = n / 4;
+  for (int i = threadIdx.x; i < 2 * q4; i += THREADS) {
+    const int m = i / q4, c = 4 * (i % q4);
+    const float* src = part + (size_t)m * MOE_INTER + k0 + c;
+    float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < parts; s0 += SUM_BATCH) {
+      float4 v[SUM_BATCH];
+#pragma unroll
+      for (int j = 0; j < SUM_BATCH; ++j)
+        v[j] = s0 + j < parts ? __ldcg(reinterpret_cast<const float4*>(src + (size_t)(s0 + j) * 2 * MOE_INTER)) : tot;
+#pragma unroll
+      for (int j = 0; j < SUM_BATCH; ++j)
+        if (s0 + j < parts) { tot.x += v[j].x; tot.y += v[j].y; tot.z += v[j].z; tot.w += v[j].w; }
+    }
+    *reinterpret_cast<float4*>(sums + m * n + c) = tot;
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < n; k += THREADS) sm.xh()[off + k0 + k] = __float2half_rn(silu(sums[k]) * sums[n + k]);
+  __syncthreads();
+}
+
+// A unit whose input arrives during the phase: thread 0 waits until every K slice of every input tile
+// its own K slice reads has arrived, then the block stages that slice from the producer's partials.
+// The caller has passed a block barrier since the block last read x or `red`.
 __device__ void await_input(const Job& jb, const Chunk& c, const Smem& sm) {
   const int k0 = c.s0() * 2 * SLAB, k1 = c.s1() * 2 * SLAB;
   if (threadIdx.x == 0)
     for (int t = k0 / TILE; t <= (k1 - 1) / TILE; ++t)
-      while (ld_acquire(jb.ready + t) == 0u) {}
+      while (ld_acquire(jb.ready + t) < (unsigned)jb.ready_count) {}
   __syncthreads();
-  stage_floats(jb.x_src, k1 - k0, sm, jb.x_off + k0);
+  stage_swiglu(jb.gu_part, jb.ready_count, k0, k1 - k0, sm, jb.x_off);
 }
 
 // Run this block's units from the head chunk issue_first recorded (its first two chunks are in flight
@@ -883,10 +889,11 @@ __device__ void dense_rows(const bf16* W, int rows, const __half* xh, float* out
 
 // ================================ phases ================================
 
-// KDA: q, k, v (+ causal conv, SiLU, window shift), g (log decay), beta.
+// KDA: the q, k, v, g projections as partials (the delta rule sums them and applies the conv, SiLU
+// and log decay itself: no tile finish on this phase's critical path), beta.
 __device__ Job kda_project_job(const Ctx& cx, int m) {
-  return make_job(mat_of(cx.L->proj[m]), HIDDEN, C_KDA, KSPLIT_KDA, cx.splitk() + (size_t)m * KSPLIT_KDA * C_KDA,
-                  cx.counters + m * tiles_of(C_KDA), m < 3 ? EPI_CONV : EPI_DECAY, m);
+  return make_job(mat_of(cx.L->proj[m]), HIDDEN, C_KDA, KSPLIT_KDA, cx.kda_part() + (size_t)m * KSPLIT_KDA * C_KDA,
+                  nullptr, EPI_PARTIALS, 0);
 }
 
 // `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
@@ -900,33 +907,85 @@ __device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
   run_jobs(sm.jobs(), cx, sm);
 }
 
+// Column n of KDA projection `which` (q, k, v, g) for this token: the bf16 sum of its K-slice partials.
+__device__ float kda_projected(const Ctx& cx, int which, int n) {
+  const float* part = cx.kda_part() + (size_t)which * KSPLIT_KDA * C_KDA + n;
+  float y = 0.0f;
+#pragma unroll
+  for (int s = 0; s < KSPLIT_KDA; ++s) y += __ldcg(part + (size_t)s * C_KDA);
+  return bf16r(y);
+}
+
+// The delta rule's input at column n of `which`: q, k, v through the causal conv over the window
+// (oldest row first) and this token, then SiLU; g becomes the log decay. The window itself moves on
+// in shift_conv_windows, after every reader.
+__device__ float kda_input(const Ctx& cx, int which, int n) {
+  if (which == 3) return -softplus(kda_projected(cx, 3, n));
+  const bf16* win = cx.L->conv_state[which];
+  const bf16* w = cx.L->conv_w + ((size_t)which * C_KDA + n) * CONV_K;
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < CONV_K - 1; ++j) acc += ld_bf16(win + (size_t)j * C_KDA + n) * __bfloat162float(w[j]);
+  acc += kda_projected(cx, which, n) * __bfloat162float(w[CONV_K - 1]);
+  return bf16r(silu(acc));
+}
+
+// The conv windows after this token: q, k and v each drop their oldest row and append the projection
+// output. Run a grid barrier after the delta rule (the windows' only readers), by the blocks that
+// compute no router logits in that phase.
+constexpr int ROUTER_BLOCKS = (N_EXPERTS + WARPS - 1) / WARPS;   // dense_rows' last blocks, one warp per row
+__device__ void shift_conv_windows(const Ctx& cx) {
+  const int blocks = gridDim.x - ROUTER_BLOCKS;
+  for (int i = blockIdx.x * THREADS + threadIdx.x; blockIdx.x < blocks && i < 3 * C_KDA; i += blocks * THREADS) {
+    const int which = i / C_KDA, n = i % C_KDA;
+    bf16* win = cx.L->conv_state[which];
+    float hist[CONV_K - 2];
+#pragma unroll
+    for (int j = 0; j < CONV_K - 2; ++j) hist[j] = ld_bf16(win + (size_t)(j + 1) * C_KDA + n);
+    const float y = kda_projected(cx, which, n);
+#pragma unroll
+    for (int j = 0; j < CONV_K - 2; ++j) win[(size_t)j * C_KDA + n] = __float2bfloat16_rn(hist[j]);
+    win[(size_t)(CONV_K - 2) * C_KDA + n] = __float2bfloat16_rn(y);
+  }
+}
+
 // KDA gated delta rule on (head, 16-column slice): S <- S*exp(g); S += beta k (v - S^T k); o = S^T q.
+// A unit first works out its head's q, k, g and its columns' v from the projection partials (every
+// unit of a head the same values), with its S loads already in flight.
 __device__ void kda_delta(const Ctx& cx, const Smem& sm) {
   constexpr int DS = 16, RG = THREADS / DS, RPT = KDA_D / RG;
   const float qscale = 1.0f / sqrtf((float)KDA_D);
   const int jl = threadIdx.x % DS, rg = threadIdx.x / DS;
-  float* red = sm.red();   // [RG][DS] + [DS]
-  const float* q = cx.qkvg();
-  const float* k = q + C_KDA;
-  const float* v = q + 2 * C_KDA;
-  const float* g = q + 3 * C_KDA;
+  float* red = sm.red();            // [RG][DS] + [DS]
+  float* q = red + RG * DS + DS;    // the head's q, k, g [KDA_D] each, then the unit's v [DS]
+  float* k = q + KDA_D;
+  float* g = k + KDA_D;
+  float* v = g + KDA_D;
   for (int u = blockIdx.x; u < KDA_H * (KDA_D / DS); u += gridDim.x) {
-    const int h = u / (KDA_D / DS), j = (u % (KDA_D / DS)) * DS + jl;
+    const int h = u / (KDA_D / DS), j0 = (u % (KDA_D / DS)) * DS, j = j0 + jl;
     float* S = cx.L->S + (size_t)h * KDA_D * KDA_D;
     float sv[RPT];
+#pragma unroll
+    for (int m = 0; m < RPT; ++m) sv[m] = __ldcg(S + (size_t)(rg + m * RG) * KDA_D + j);
+    for (int i = threadIdx.x; i < 3 * KDA_D + DS; i += THREADS) {   // q, k, g rows of the head, v columns
+      const int part = i / KDA_D;
+      q[i] = part < 3 ? kda_input(cx, part == 2 ? 3 : part, h * KDA_D + i % KDA_D)
+                      : kda_input(cx, 2, h * KDA_D + j0 + i - 3 * KDA_D);
+    }
+    __syncthreads();
     float pred = 0.0f;
 #pragma unroll
     for (int m = 0; m < RPT; ++m) {
       const int i = rg + m * RG;
-      sv[m] = __ldcg(S + (size_t)i * KDA_D + j) * expf(__ldcg(g + h * KDA_D + i));
-      pred += sv[m] * __ldcg(k + h * KDA_D + i);
+      sv[m] *= expf(g[i]);
+      pred += sv[m] * k[i];
     }
     red[rg * DS + jl] = pred;
     __syncthreads();
     if (rg == 0) {
       float p = 0.0f;
       for (int r = 0; r < RG; ++r) p += red[r * DS + jl];
-      red[RG * DS + jl] = __ldcg(cx.beta() + h) * (__ldcg(v + h * KDA_D + j) - p);
+      red[RG * DS + jl] = __ldcg(cx.beta() + h) * (v[jl] - p);
     }
     __syncthreads();
     const float upd = red[RG * DS + jl];
@@ -934,9 +993,9 @@ __device__ void kda_delta(const Ctx& cx, const Smem& sm) {
 #pragma unroll
     for (int m = 0; m < RPT; ++m) {
       const int i = rg + m * RG;
-      const float sn = sv[m] + __ldcg(k + h * KDA_D + i) * upd;
+      const float sn = sv[m] + k[i] * upd;
       S[(size_t)i * KDA_D + j] = sn;
-      o += sn * (__ldcg(q + h * KDA_D + i) * qscale);
+      o += sn * (q[i] * qscale);
     }
     __syncthreads();
     red[rg * DS + jl] = o;
@@ -1429,30 +1488,39 @@ __device__ void route(const Ctx& cx, const Smem& sm) {
   __syncthreads();
 }
 
-__device__ Job paired_job(Mat gate, Mat up, int ksplit, float* part, unsigned* count, int aux) {
-  Job j = make_job(gate, HIDDEN, MOE_INTER, ksplit, part, count, EPI_SWIGLU, aux);
-  j.m[1] = up;
-  j.paired = 1;
-  return j;
+// Expert slot j (routed experts 0..N_ACTIVE-1, then the shared ones): its gate/up K slices, where
+// their partials lie ([slices][2][MOE_INTER]) and the per-tile counters their arrivals add to.
+__device__ int gate_up_slices(int j) { return j < N_ACTIVE ? KSPLIT_GU : KSPLIT_SHARED; }
+__device__ float* gate_up_partials(const Ctx& cx, int j) {
+  const int before = j < N_ACTIVE ? N_SHARED * KSPLIT_SHARED + j * KSPLIT_GU : (j - N_ACTIVE) * KSPLIT_SHARED;
+  return cx.splitk() + (size_t)before * 2 * MOE_INTER;
 }
 
-// Shared experts' gate/up -> SwiGLU activations (act slot N_ACTIVE + s). They run in the routed
-// phase, as its first jobs: their units belong to the grid's first SHARED_UNITS blocks whatever the
-// routing, so those blocks put their chunks in flight at the barrier before the router phase.
+// Gate/up pair of slot j; no epilogue: the down units sum the partials and apply SwiGLU as they stage.
+__device__ Job paired_job(const Ctx& cx, Mat gate, Mat up, int j) {
+  Job jb = make_job(gate, HIDDEN, MOE_INTER, gate_up_slices(j), gate_up_partials(cx, j),
+                    cx.counters + CNT_GATE_UP + j * tiles_of(MOE_INTER), EPI_PARTIALS, 0);
+  jb.m[1] = up;
+  jb.paired = 1;
+  return jb;
+}
+
+// Shared experts' gate/up (slot N_ACTIVE + s). They run in the routed phase, as its first jobs: their
+// units belong to the grid's first SHARED_UNITS blocks whatever the routing, so those blocks put their
+// chunks in flight at the barrier before the router phase.
 constexpr int SHARED_UNITS = N_SHARED * tiles_of(MOE_INTER) * KSPLIT_SHARED;
 __device__ Job shared_job(const Ctx& cx, int s) {
-  return paired_job(expert_mat(cx.L->shared[0], s, HIDDEN, MOE_INTER), expert_mat(cx.L->shared[1], s, HIDDEN, MOE_INTER),
-                    KSPLIT_SHARED, cx.splitk() + (size_t)s * KSPLIT_SHARED * 2 * MOE_INTER,
-                    cx.counters + (N_ACTIVE + s) * tiles_of(MOE_INTER), N_ACTIVE + s);
+  return paired_job(cx, expert_mat(cx.L->shared[0], s, HIDDEN, MOE_INTER), expert_mat(cx.L->shared[1], s, HIDDEN, MOE_INTER),
+                    N_ACTIVE + s);
 }
 
 // Router logits (bf16 rows, on the grid's last blocks). The staged x stays in shared memory for the
 // routed phase that follows; the ring keeps the shared experts' first chunks (issued before this
 // phase) untouched.
 __device__ void moe_router(const Ctx& cx, const Smem& sm) {
-  // The activation-tile flags: the last layer's down units are past a grid barrier, this layer's
+  // The gate/up arrival counters: the last layer's down units are past a grid barrier, this layer's
   // gate/up units come after the next one.
-  if (blockIdx.x == 0 && threadIdx.x < N_SLOTS * tiles_of(MOE_INTER)) cx.counters[CNT_ACT + threadIdx.x] = 0u;
+  if (blockIdx.x == 0 && threadIdx.x < N_SLOTS * tiles_of(MOE_INTER)) cx.counters[CNT_GATE_UP + threadIdx.x] = 0u;
   stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
   dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
 }
@@ -1461,12 +1529,10 @@ __device__ void moe_router(const Ctx& cx, const Smem& sm) {
 __device__ Job routed_job(const Ctx& cx, const Smem& sm, int j) {
   if (j < N_SHARED) return shared_job(cx, j);
   const int r = j - N_SHARED, e = sm.sel_e()[r];
-  return paired_job(expert_mat(cx.L->expert[0], e, HIDDEN, MOE_INTER), expert_mat(cx.L->expert[1], e, HIDDEN, MOE_INTER),
-                    KSPLIT_GU, cx.splitk() + (size_t)(N_SHARED * KSPLIT_SHARED + r * KSPLIT_GU) * 2 * MOE_INTER,
-                    cx.counters + r * tiles_of(MOE_INTER), r);
+  return paired_job(cx, expert_mat(cx.L->expert[0], e, HIDDEN, MOE_INTER), expert_mat(cx.L->expert[1], e, HIDDEN, MOE_INTER), r);
 }
 
-// Routed and shared experts' gate/up -> SwiGLU activations. The routed experts are known only after
+// Routed and shared experts' gate/up partials. The routed experts are known only after
 // routing, so only the shared units' first chunks could be issued ahead: a shared unit is a gate/up
 // pair, so both of its first two chunks belong to it, as they do in this phase's full table. The
 // input is not staged again: the router phase left rmsnorm(hidden) * moe_norm in this block's x.
@@ -1484,11 +1550,11 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
   const bool routed = j < N_ACTIVE;
   const Mat m = routed ? expert_mat(cx.L->expert[2], sm.sel_e()[j], MOE_INTER, HIDDEN)
                        : expert_mat(cx.L->shared[2], j - N_ACTIVE, MOE_INTER, HIDDEN);
-  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk() + GU_PART_FLOATS, cx.counters + CNT_DOWN,
-                    EPI_MOE_OUT, 0);
+  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk() + GU_PART_FLOATS, cx.counters, EPI_MOE_OUT, 0);
   jb.x_off = j * MOE_INTER;
-  jb.ready = cx.counters + CNT_ACT + j * tiles_of(MOE_INTER);
-  jb.x_src = cx.act();
+  jb.ready = cx.counters + CNT_GATE_UP + j * tiles_of(MOE_INTER);
+  jb.ready_count = gate_up_slices(j);
+  jb.gu_part = gate_up_partials(cx, j);
   jb.weight = routed ? sm.sel_w()[j] : 1.0f;
   jb.slot0 = j * KSPLIT_DOWN;
   jb.nslots = N_SLOTS * KSPLIT_DOWN;
@@ -1496,7 +1562,7 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 }
 
 // Right after this block's gate/up units, no grid barrier between: each down unit waits for the
-// activation tiles its K slice reads (await_input) and stages only them; its first chunks are in
+// gate/up tiles its K slice reads (await_input) and stages only their SwiGLU; its first chunks are in
 // flight meanwhile. The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
   begin_phase(JS_DOWN, cx, sm, false);
@@ -1619,12 +1685,13 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
       if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
       if (attn) mla_merge_absorb_v(cx, sm);       grid.sync(JS_MLA_OUT, cx, sm);   // merge splits, o = ctx W_uv
     } else {
-      if (attn) kda_project(cx, sm, ahead);       grid.sync();   // q,k,v (+conv), g, beta
-      if (attn) kda_delta(cx, sm);                grid.sync(JS_KDA_OUT, cx, sm);   // S update, o = S^T q
+      if (attn) kda_project(cx, sm, ahead);       grid.sync();   // q, k, v, g partials, beta
+      if (attn) kda_delta(cx, sm);                grid.sync(JS_KDA_OUT, cx, sm);   // conv, decay; S update, o = S^T q
     }
     if (attn) attn_out_proj(cx, sm, PREFETCH);    grid.sync(JS_SHARED, cx, sm);    // hidden = x + o W_o
-    if (moe) moe_router(cx, sm);                  grid.sync();   // router logits
-    if (moe) moe_routed_gate_up(cx, sm);                         // top-k; shared and routed SwiGLU, then
+    if (moe) moe_router(cx, sm);                                 // router logits
+    if (attn && !is_mla_layer(l)) shift_conv_windows(cx);       grid.sync();   // (KDA) conv windows move on
+    if (moe) moe_routed_gate_up(cx, sm);                         // top-k; shared and routed gate/up, then
     if (moe) moe_down_residual(cx, sm);                          // hidden += sum_e w_e down_e
     if (l + 1 < NUM_LAYERS) grid.sync(is_mla_layer(l + 1) ? JS_MLA_PROJECT : JS_KDA_PROJECT, layer_ctx(p, l + 1), sm);
   }
