@@ -40,7 +40,7 @@
 // Run: python run_agent.py bench kernels/kimi_linear/seed.cu
 //
 // @knob KSPLIT_KDA 3 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (3: 192 units of 24 slabs = 3 whole chunks)
-// @knob KSPLIT_GU 6 {4,6,7,8,9,12} K slices of the routed experts' gate/up (6: 192 units, + 36 shared = 228)
+// @knob KSPLIT_GU 9 {4,6,7,8,9,12} K slices of the routed experts' gate/up (9: 288 units of two whole chunks, + 36 shared = 324)
 // @knob KSPLIT_DOWN 3 {1,2,3,4,8} K slices of each expert's down projection (3: 243 units, one per block)
 // @knob KSPLIT_SHARED 9 {6,9,12,18,36} K slices of the shared expert's gate/up (in the routed phase)
 // @knob KSPLIT_MLA 9 {6,9,12,18} K slices of the MLA q/kv_a projections
