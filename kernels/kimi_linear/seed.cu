@@ -102,7 +102,7 @@ static_assert(N_EXPERTS <= THREADS, "one thread per router logit");
 static_assert(N_ACTIVE <= 16 && N_SHARED <= 4, "routing slots live in a small shared-memory area");
 
 // Scratch (floats): every intermediate that crosses blocks. Offsets are compile-time.
-constexpr size_t OFF_KDA_PART = 0;   // KDA q, k, v, g projection partials [4][KSPLIT_KDA][C_KDA], read two phases on
+constexpr size_t OFF_KDA_PART = 0;   // KDA q, k, v, g partials [4][KSPLIT_KDA][C_KDA]: delta rule, then window shift
 constexpr size_t OFF_BETA = OFF_KDA_PART + 4 * (size_t)KSPLIT_KDA * C_KDA;
 constexpr size_t OFF_ATTN_O = OFF_BETA + align4(KDA_H);
 constexpr size_t OFF_LOGITS = OFF_ATTN_O + align4(imax(C_KDA, MLA_O_K));
