@@ -125,8 +125,9 @@ constexpr int ABSORB_ROWS = (KV_LORA / 2) / ABSORB_PARTS;                 // pac
 static_assert((KV_LORA / 2) % ABSORB_PARTS == 0 && ABSORB_PARTS * MLA_O_K <= SPLITK_FLOATS, "absorb parts");
 static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V_HEAD / 16)) == 0 &&
               GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
-constexpr int CNT_MERGE = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +   // after the tile counters:
-                          N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN);            // one per MLA head
+// Counters: the tile counters of the phase that runs (MLA project, output or down projection) from 0,
+// then one per MLA head (merge), then per (slot, tile) the gate/up arrivals, then the grid barrier's.
+constexpr int CNT_MERGE = imax(tiles_of(MLA_Q_N) + tiles_of(KVA_N), tiles_of(HIDDEN));
 constexpr int CNT_GATE_UP = CNT_MERGE + MLA_H;   // per (slot, tile): gate/up K slices arrived (down waits on them)
 constexpr int COUNTER_WORDS = CNT_GATE_UP + N_SLOTS * tiles_of(MOE_INTER) + 32;
 static_assert(N_SLOTS * tiles_of(MOE_INTER) <= THREADS, "one clearing thread per gate/up counter");
@@ -412,12 +413,12 @@ __device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
   __syncthreads();
 }
 
-// x[off, off + n) <- fp16(src[off, off + n)) for n % 4 == 0 and off % 4 == 0, 16-byte loads.
-__device__ void stage_floats(const float* src, int n, const Smem& sm, int off) {
+// x <- fp16(src[0..n)) for n % 4 == 0, 16-byte loads.
+__device__ void stage_floats(const float* src, int n, const Smem& sm) {
 #pragma unroll 4
   for (int v = threadIdx.x; v < n / 4; v += THREADS) {
-    const float4 f = __ldcg(reinterpret_cast<const float4*>(src + off) + v);
-    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + off + 4 * v);
+    const float4 f = __ldcg(reinterpret_cast<const float4*>(src) + v);
+    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + 4 * v);
     dst[0] = __floats2half2_rn(f.x, f.y);
     dst[1] = __floats2half2_rn(f.z, f.w);
   }
@@ -534,7 +535,7 @@ struct Job {
   int slot0, nslots;   // partial slots [slot0, slot0+ksplit) of `nslots` feeding the same tiles
   float* part;         // [nslots][1 + paired][N]
   unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
-  int epi, aux;
+  int epi;
   const unsigned* ready;   // null, or per 256-wide tile of the input: arrivals of its producer's units
   int ready_count;         // arrivals that complete an input tile (the producer's K slices)
   const float* gu_part;    // with `ready`: the producer's gate/up partials [ready_count][2][MOE_INTER];
@@ -555,7 +556,7 @@ __device__ Mat expert_mat(const QW& q, int e, int K, int N) {
              q.zr + (size_t)e * (K / QGROUP) * padded};
 }
 
-__device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* count, int epi, int aux) {
+__device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* count, int epi) {
   Job j;
   j.m[0] = a;
   j.m[1] = a;
@@ -570,7 +571,6 @@ __device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* 
   j.part = part;
   j.count = count;
   j.epi = epi;
-  j.aux = aux;
   j.ready = nullptr;
   j.ready_count = 0;
   j.gu_part = nullptr;
@@ -893,7 +893,7 @@ __device__ void dense_rows(const bf16* W, int rows, const __half* xh, float* out
 // and log decay itself: no tile finish on this phase's critical path), beta.
 __device__ Job kda_project_job(const Ctx& cx, int m) {
   return make_job(mat_of(cx.L->proj[m]), HIDDEN, C_KDA, KSPLIT_KDA, cx.kda_part() + (size_t)m * KSPLIT_KDA * C_KDA,
-                  nullptr, EPI_PARTIALS, 0);
+                  nullptr, EPI_PARTIALS);
 }
 
 // `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
@@ -1011,12 +1011,12 @@ __device__ void kda_delta(const Ctx& cx, const Smem& sm) {
 
 // Attention output projection plus the first residual add (hidden_out = resid + o W_o).
 __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
-  return make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, cx.splitk(), cx.counters, EPI_RESIDUAL, 0);
+  return make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, cx.splitk(), cx.counters, EPI_RESIDUAL);
 }
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
-  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm, 0);
+  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
   begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
@@ -1024,9 +1024,9 @@ __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
 
 // MLA: q (+RoPE on the rope half), kv_a -> latent row and roped key appended at row ctx_len.
 __device__ Job mla_project_job(const Ctx& cx, int j) {
-  if (j == 0) return make_job(mat_of(cx.L->proj[0]), HIDDEN, MLA_Q_N, KSPLIT_MLA, cx.splitk(), cx.counters, EPI_MLA_Q, 0);
+  if (j == 0) return make_job(mat_of(cx.L->proj[0]), HIDDEN, MLA_Q_N, KSPLIT_MLA, cx.splitk(), cx.counters, EPI_MLA_Q);
   return make_job(mat_of(cx.L->proj[1]), HIDDEN, KVA_N, KSPLIT_MLA, cx.splitk() + (size_t)KSPLIT_MLA * MLA_Q_N,
-                  cx.counters + tiles_of(MLA_Q_N), EPI_MLA_KVA, 0);
+                  cx.counters + tiles_of(MLA_Q_N), EPI_MLA_KVA);
 }
 
 __device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
@@ -1499,7 +1499,7 @@ __device__ float* gate_up_partials(const Ctx& cx, int j) {
 // Gate/up pair of slot j; no epilogue: the down units sum the partials and apply SwiGLU as they stage.
 __device__ Job paired_job(const Ctx& cx, Mat gate, Mat up, int j) {
   Job jb = make_job(gate, HIDDEN, MOE_INTER, gate_up_slices(j), gate_up_partials(cx, j),
-                    cx.counters + CNT_GATE_UP + j * tiles_of(MOE_INTER), EPI_PARTIALS, 0);
+                    cx.counters + CNT_GATE_UP + j * tiles_of(MOE_INTER), EPI_PARTIALS);
   jb.m[1] = up;
   jb.paired = 1;
   return jb;
@@ -1550,7 +1550,7 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
   const bool routed = j < N_ACTIVE;
   const Mat m = routed ? expert_mat(cx.L->expert[2], sm.sel_e()[j], MOE_INTER, HIDDEN)
                        : expert_mat(cx.L->shared[2], j - N_ACTIVE, MOE_INTER, HIDDEN);
-  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk() + GU_PART_FLOATS, cx.counters, EPI_MOE_OUT, 0);
+  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk() + GU_PART_FLOATS, cx.counters, EPI_MOE_OUT);
   jb.x_off = j * MOE_INTER;
   jb.ready = cx.counters + CNT_GATE_UP + j * tiles_of(MOE_INTER);
   jb.ready_count = gate_up_slices(j);
