@@ -59,11 +59,11 @@ for step in "$@"; do
     agent) timeout 600 python3 -m pytest -m gpu -q -rs --durations=10 tests/test_gpu_agent.py 2>&1 | tee "$OUT/gpu_agent.log" | tail -30 ;;
     stamps) timeout 300 python3 scripts/kimi_phase_stamps.py ${STAMPS_KERNEL:-} 2>&1 | tee "$OUT/stamps.log" ;;
     phases) timeout 300 python3 scripts/kimi_phase_profile.py 2>&1 | tee "$OUT/phases.log" ;;
-    host) timeout 300 python3 scripts/kimi_host_cost.py 2>&1 | tee "$OUT/host.log" ;;
+    host) timeout 300 python3 scripts/kimi_host_cost.py --apis 2>&1 | tee "$OUT/host.log" ;;
     probe) timeout 120 python3 scripts/stream_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
       BENCH_TASKS=kimi_linear bash "$0" bench
-      bash "$0" host > /dev/null 2>&1; tail -8 "$OUT/host.log"
+      bash "$0" host > /dev/null 2>&1; tail -18 "$OUT/host.log"
       bash "$0" stamps > /dev/null 2>&1; head -32 "$OUT/stamps.log"
       bash "$0" kimi > "$OUT/kimi_tests.out" 2>&1 & p1=$!
       bash "$0" upstream > "$OUT/upstream.out" 2>&1 & p2=$!

@@ -1,13 +1,19 @@
 """Where the host time of a Kimi `step()` goes: the whole call, the binding with the launch left out,
 and the cooperative launch call alone (the driver), in µs per call (medians of several batches).
 
-The GPU is kept busy by the real steps, so no call waits for the device. Usage:
-python scripts/kimi_host_cost.py [--calls 200] [--batches 7]
+The GPU is kept busy by the real steps, so no call waits for the device. With --apis, the launch APIs
+are timed too, on empty kernels of the Kimi kernel's launch shape (grid, 256 threads, ~109 KB of
+dynamic shared memory) with a by-value struct of the ABI's size or of one pointer:
+cuLaunchCooperativeKernel, cuLaunchKernelEx with the cooperative attribute (what the binding uses),
+plain cuLaunchKernel for reference (not valid for a grid that synchronises), plus the ctypes call
+floor and the torch view the binding makes per step. Usage:
+python scripts/kimi_host_cost.py [--calls 200] [--batches 7] [--apis]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import sys
 import time
@@ -21,9 +27,27 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from sandbox.candidate import Candidate  # noqa: E402
-from tasks.cuda_runtime import current_stream  # noqa: E402
+from tasks.cuda_runtime import (  # noqa: E402
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
+    LaunchAttribute,
+    LaunchConfig,
+    compile_kernel,
+    current_stream,
+    driver,
+)
+from tasks.kimi_linear.abi import params_type  # noqa: E402
 from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
 from tasks.kimi_linear.task import KimiTask  # noqa: E402
+
+EMPTY_KERNELS = r"""
+struct Big { unsigned long long w[BIG_WORDS]; };
+struct Small { unsigned long long w[1]; };
+#define BODY if (p.w[0] == 1ull && threadIdx.x == 0 && blockIdx.x == 0) *(volatile int*)0 = 1;
+extern "C" __device__ unsigned long long launch_threads = 256, launch_blocks_per_sm = 2,
+  launch_dynamic_smem = DYN, scratch_bytes = 0, counter_words = 0;
+extern "C" __global__ void big(const __grid_constant__ Big p) { extern __shared__ int s[]; BODY }
+extern "C" __global__ void small(const __grid_constant__ Small p) { extern __shared__ int s[]; BODY }
+"""
 
 
 def per_call_us(fn, calls: int, batches: int, device: torch.device) -> float:
@@ -39,10 +63,52 @@ def per_call_us(fn, calls: int, batches: int, device: torch.device) -> float:
     return statistics.median(out)
 
 
+def launch_api_rows(calls: int, batches: int, device: torch.device, dyn_smem: int) -> list[tuple[str, float]]:
+    """Host µs per call of each launch API on empty kernels with the Kimi launch shape."""
+    big_bytes = ctypes.sizeof(params_type(4))
+    options = ("-std=c++17", f"-DBIG_WORDS={big_bytes // 8}", f"-DDYN={dyn_smem}")
+    kernels = {name: compile_kernel(EMPTY_KERNELS, name, options) for name in ("big", "small")}
+    drv = driver()
+    lib = drv.lib
+    lib.cuLaunchCooperativeKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 2
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    grid = drv.sm_count() * 2
+    stream = current_stream(device)
+    attr = LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
+    attr.value[0] = 1
+    rows = []
+    for name, kernel in kernels.items():
+        block = (ctypes.c_ulonglong * (big_bytes // 8 if name == "big" else 1))()
+        argv = (ctypes.c_void_p * 1)(ctypes.cast(block, ctypes.c_void_p))
+        fn = ctypes.c_void_p(kernel.handle)
+        fixed = (fn, grid, 1, 1, 256, 1, 1, dyn_smem)
+        cfg = LaunchConfig((grid, 1, 1), (256, 1, 1), dyn_smem, stream, ctypes.pointer(attr), 1)
+        cfg_ptr = ctypes.cast(ctypes.pointer(cfg), ctypes.c_void_p)
+        argv_ptr = ctypes.cast(argv, ctypes.c_void_p)
+        apis = {
+            "cuLaunchCooperativeKernel": lambda f=fixed, a=argv: lib.cuLaunchCooperativeKernel(*f, stream, a),
+            "cuLaunchKernelEx (cooperative)": lambda f=fn, c=cfg_ptr, a=argv_ptr: drv.launch(c, f, a, None),
+            "cuLaunchKernel (not cooperative)": lambda f=fixed, a=argv: lib.cuLaunchKernel(*f, stream, a, None),
+        }
+        for what, call in apis.items():
+            drv.check(call(), what)
+            us = per_call_us(call, calls, batches, device)
+            rows.append((f"{what}, {name} params ({ctypes.sizeof(block)} B)", us))
+    libc = ctypes.CDLL(None)
+    libc.labs.argtypes, libc.labs.restype = [ctypes.c_long], ctypes.c_long
+    rows.append(("ctypes call of libc labs (the foreign-call floor)",
+                 per_call_us(lambda: libc.labs(-1), calls, batches, device)))
+    cache = torch.empty(20480, 512, dtype=torch.bfloat16, device=device)
+    rows.append(("torch as_strided view (the binding makes two per step)",
+                 per_call_us(lambda: cache.as_strided((2049, 512), (512, 1)), calls, batches, device)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--apis", action="store_true", help="also time the launch APIs on empty kernels")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     task = KimiTask("full")
@@ -66,8 +132,10 @@ def main() -> None:
         rows.append(("binding without the launch", per_call_us(full_step, args.calls, args.batches, dev)))
     finally:
         launcher.launch = real_launch
-    rows.append(("cuLaunchCooperativeKernel alone", per_call_us(lambda: launcher.launch(stream), args.calls,
+    rows.append(("the cooperative launch call alone", per_call_us(lambda: launcher.launch(stream), args.calls,
                                                                  args.batches, dev)))
+    if args.apis:
+        rows += launch_api_rows(args.calls, args.batches, dev, model._kernel.contract.dynamic_smem)
     t = Table(title=f"Host cost per Kimi step (ctx {ctx}, {args.calls} calls x {args.batches} batches, medians)")
     t.add_column("what")
     t.add_column("µs per call", justify="right")

@@ -27,7 +27,9 @@
 //
 // MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
 // cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
-// high + low parts.
+// high + low parts, q's fragments stay in registers and the cache tiles land by cp.async in a
+// shared-memory double buffer. The MLA-only phases (absorb q, attention, merge) are not inlined:
+// the kernel body's register allocation then serves the GEMV phases alone (-15 µs per step).
 //
 // Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; each pair of nibbles becomes an fp16 pair
 // (1024 + q or 1024 + 16q) with one LOP3, then exactly q with one HSUB2 or HFMA2, and q * x accumulates
@@ -80,7 +82,6 @@ constexpr int N_SLOTS = N_ACTIVE + N_SHARED;     // routed experts + shared expe
 constexpr int ATT_HG = MLA_H < 16 ? MLA_H : 16;  // heads per attention unit: the M=16 rows of one MMA tile
 constexpr int ATT_TT = 32;                       // tokens per attention tile (one per lane in the softmax)
 constexpr int ATT_K = KV_LORA + QK_ROPE;         // score dot-product length: latent row, then roped key
-constexpr int SC_KS = WARPS / (ATT_TT / 8);      // score MMAs: 4 token n-tiles x SC_KS slices of K
 
 __host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int tiles_of(int n) { return (n + TILE - 1) / TILE; }
@@ -96,7 +97,6 @@ static_assert(QK_NOPE % 16 == 0 && V_HEAD % 16 == 0 && QK_NOPE <= 512 && V_HEAD 
 static_assert(KDA_D % 16 == 0 && KDA_D % (THREADS / 16) == 0, "delta-rule thread split");
 static_assert(MLA_H % ATT_HG == 0, "attention head groups");
 static_assert(KV_LORA % (8 * WARPS) == 0 && QK_ROPE % 16 == 0 && KV_LORA % 16 == 0, "attention MMA tiling");
-static_assert(ATT_K / 16 >= SC_KS, "every score warp needs a K slice");
 static_assert(QK_ROPE % 8 == 0 && KV_LORA % 8 == 0, "16-byte cache rows");
 static_assert(N_EXPERTS <= THREADS, "one thread per router logit");
 static_assert(N_ACTIVE <= 16 && N_SHARED <= 4, "routing slots live in a small shared-memory area");
@@ -150,20 +150,17 @@ constexpr size_t JOBS_BYTES = 2048;
 constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
 constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
 static_assert(X_MAX % 8 == 0 && HIDDEN % 8 == 0, "16-byte staging loads");
-constexpr int Q_STRIDE = ATT_K + 8;                                       // bf16; rows 4 banks apart
 constexpr int P_STRIDE = ATT_TT + 8;                                      // bf16
-constexpr int CK_STRIDE = KV_LORA + 8;                                    // bf16, 16-byte rows
-constexpr int KR_STRIDE = QK_ROPE + 8;
-constexpr size_t SA_QH = 0;                                               // bf16 [16][Q_STRIDE]: q, high part
-constexpr size_t SA_QL = SA_QH + 2 * 16 * (size_t)Q_STRIDE;               // bf16: q - high (the low part)
-constexpr size_t SA_CK = SA_QL + 2 * 16 * (size_t)Q_STRIDE;               // bf16 [ATT_TT][CK_STRIDE]
-constexpr size_t SA_KR = SA_CK + 2 * (size_t)ATT_TT * CK_STRIDE;          // bf16 [ATT_TT][KR_STRIDE]
-constexpr size_t SA_SC = SA_KR + 2 * (size_t)ATT_TT * KR_STRIDE;          // float [SC_KS][16][ATT_TT]
-constexpr size_t SA_PH = SA_SC + 4 * (size_t)SC_KS * 16 * ATT_TT;         // bf16 [16][P_STRIDE]: p, high part
+constexpr int KEY_STRIDE = ATT_K + 8;                                     // bf16: a token's latent row, then its roped key
+constexpr int SC_STRIDE = ATT_TT + 8;                                     // floats; rows 8 banks apart
+constexpr size_t KEY_TILE_BYTES = 2 * (size_t)ATT_TT * KEY_STRIDE;
+constexpr size_t SA_KEY = 0;                                              // bf16 [2][ATT_TT][KEY_STRIDE]: double buffer
+constexpr size_t SA_SC = SA_KEY + 2 * KEY_TILE_BYTES;                     // float [WARPS][16][SC_STRIDE]: per-warp K slices
+constexpr size_t SA_PH = SA_SC + 4 * (size_t)WARPS * 16 * SC_STRIDE;      // bf16 [16][P_STRIDE]: p, high part
 constexpr size_t SA_PL = SA_PH + 2 * 16 * (size_t)P_STRIDE;               // bf16: p - high
 constexpr size_t SA_STAT = SA_PL + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
 constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * 16;
-static_assert(SA_CK % 16 == 0 && SA_KR % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
+static_assert(KEY_TILE_BYTES % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
 constexpr size_t SM_MERGE_BYTES = 4 * (2 * ATTN_MAX_SPLITS + 2 * ABSORB_ROWS + 2 * THREADS + (size_t)WARPS * V_HEAD + 2);
 constexpr size_t DYN_SMEM = imax(imax((int)SM_GEMV_BYTES, (int)SM_ATTN_BYTES), (int)SM_MERGE_BYTES);
 
@@ -349,8 +346,8 @@ struct Ctx {
 // Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 (the first four right after a
 // __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
 // done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
-// MLA attention stamps the first four too: q staged, first cache tile in shared memory, last tile's
-// P.V done, partials written (a unit's; the last one counts).
+// MLA attention stamps the first four too: q loads issued, first cache tile in shared memory, last
+// tile's P.V done, partials written (a unit's; the last one counts).
 enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE, EV_CHUNK };
 enum ChunkEvent { CH_LANDED, CH_READ, CH_ISSUED };
 constexpr int STAMPED_CHUNKS = 6;
@@ -1057,7 +1054,7 @@ struct AbsorbRow {
 // q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).
 // Units are (head, part of the latent rows), so the grid shares the work and each unit is one round
 // trip: a lane loads its q slice, its weight row and its group's scales together.
-__device__ void mla_absorb_q(const Ctx& cx) {
+__device__ __noinline__ void mla_absorb_q(const Ctx cx) {
   constexpr int LPR = QK_NOPE / 16, RPS = 32 / LPR;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
   const QW& W = cx.L->proj[2];
@@ -1139,59 +1136,70 @@ __device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
   lo = __float2bfloat16_rn(v - __bfloat162float(hi));
 }
 
-// Rows [tt, tt + ATT_TT) of a bf16 [tokens][W] cache in registers, 16-byte pieces spread over the
-// block; rows at or past t1 are zero, so P is 0 there and nothing undefined enters the MMAs.
-template <int W>
-struct CacheRows {
-  static constexpr int PIECES = W / 8, PER = (ATT_TT * PIECES + THREADS - 1) / THREADS;
-  uint4 v[PER];
-  __device__ void load(const bf16* src, int tt, int t1) {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = threadIdx.x + j * THREADS, l = i / PIECES;
-      v[j] = make_uint4(0, 0, 0, 0);
-      if (i < ATT_TT * PIECES && tt + l < t1)
-        v[j] = __ldcg(reinterpret_cast<const uint4*>(src + (size_t)(tt + l) * W + (i % PIECES) * 8));
-    }
-  }
-  __device__ void store(bf16* dst, int stride) const {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = threadIdx.x + j * THREADS;
-      if (i < ATT_TT * PIECES) *reinterpret_cast<uint4*>(dst + (i / PIECES) * stride + (i % PIECES) * 8) = v[j];
-    }
-  }
-};
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(fill ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
 
-// One 32-token tile of the latent cache and the roped keys.
-struct CacheTile {
-  CacheRows<KV_LORA> ck;
-  CacheRows<QK_ROPE> kr;
-  __device__ void load(const Ctx& cx, int tt, int t1) {
-    ck.load(cx.L->c_kv, tt, t1);
-    kr.load(cx.L->k_rope, tt, t1);
+// Tokens [tt, tt + ATT_TT) of the latent cache and the roped keys into `keys`, one row per token (its
+// latent row, then its roped key), by cp.async in 16-byte pieces spread over the block: one commit
+// group per tile, no registers held. Rows at or past t1 are zero-filled, so P is 0 there and nothing
+// undefined enters the MMAs.
+__device__ void load_key_tile(const Ctx& cx, bf16* keys, int tt, int t1) {
+  constexpr int LAT = KV_LORA / 8, PIECES = LAT + QK_ROPE / 8, PER = (ATT_TT * PIECES + THREADS - 1) / THREADS;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int i = threadIdx.x + j * THREADS, l = i / PIECES, q = i % PIECES, row = min(tt + l, t1 - 1);
+    if (i < ATT_TT * PIECES)
+      cp_async16(keys + l * KEY_STRIDE + q * 8,
+                 q < LAT ? cx.L->c_kv + (size_t)row * KV_LORA + q * 8 : cx.L->k_rope + (size_t)row * QK_ROPE + (q - LAT) * 8,
+                 tt + l < t1);
   }
-  __device__ void store(bf16* ck_dst, bf16* kr_dst) const {
-    ck.store(ck_dst, CK_STRIDE);
-    kr.store(kr_dst, KR_STRIDE);
+  cp_async_commit();
+}
+
+// q's A fragments (m16n8k16, rows g and g + 8, columns 2c and 2c + 8 of the k step at k0) as bf16 high
+// and low parts: q = [q_eff | q_rope] of heads h0.., rows past ATT_HG zero.
+__device__ void q_fragments(const Ctx& cx, int h0, int k0, unsigned* hi, unsigned* lo) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  float2 v[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + 8 * (r & 1), col = k0 + 2 * c + 8 * (r >> 1);
+    v[r] = make_float2(0.0f, 0.0f);
+    if (row < ATT_HG)
+      v[r] = __ldcg(reinterpret_cast<const float2*>(col < KV_LORA ? cx.qeff() + (size_t)(h0 + row) * KV_LORA + col
+                                                                  : cx.qr() + (size_t)(h0 + row) * QK_ROPE + (col - KV_LORA)));
   }
-};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(v[r].x, v[r].y);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(v[r].x - __low2float(h), v[r].y - __high2float(h));
+    hi[r] = *reinterpret_cast<const unsigned*>(&h);
+    lo[r] = *reinterpret_cast<const unsigned*>(&l);
+  }
+}
 
 // Split-context attention over the latent cache (absorbed form) on tensor cores, ATT_HG (16) heads
 // per unit, online softmax. Per 32-token tile: scores = [q_eff | q_rope] . [c_kv | k_rope] as
-// 16 x 32 MMAs (warps split the 4 token n-tiles and SC_KS slices of K), softmax with one warp per
-// head, then ctx += P . c_kv (each warp owns KV_LORA / WARPS columns, accumulators in registers).
-// fp32 operands (q, p) enter as two bf16 MMAs (high + low part), so products keep ~16 bits; the
-// scalar FP32 version of this phase was arithmetic bound (172 µs at 16K).
-// Writes per (split, head): running max m, sum l, and the unnormalised context sum_l p_l c_kv[l].
-__device__ void mla_attention(const Ctx& cx, const Smem& sm) {
-  constexpr int NPW = KV_LORA / 8 / WARPS;   // P*V n-tiles per warp
+// 16 x 32 MMAs (every warp all 4 token n-tiles over its own k steps, q's fragments held in registers
+// for the whole unit: re-read from shared memory per tile by 4 warps each, they made the score loop
+// shared-memory bound), softmax with one warp per head, then ctx += P . c_kv (each warp owns
+// KV_LORA / WARPS columns, accumulators in registers). Cache tiles land by cp.async in a double buffer:
+// tile i + 1 is in flight while tile i is computed. fp32 operands (q, p) enter as two bf16 MMAs (high
+// + low part), so products keep ~16 bits; the scalar FP32 version of this phase was arithmetic bound
+// (172 µs at 16K). Writes per (split, head): running max m, sum l, and the unnormalised context
+// sum_l p_l c_kv[l]. Not inlined: in the kernel body its registers (q fragments, P.V accumulators)
+// competed with every other phase's, and the output and KDA projections ran ~1 µs slower each.
+__device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
+  constexpr int NPW = KV_LORA / 8 / WARPS;               // P*V n-tiles per warp
   constexpr int KSTEPS = ATT_K / 16;
+  constexpr int KS_W = (KSTEPS + WARPS - 1) / WARPS;     // score k steps per warp: warp + WARPS * i
+  constexpr int HPW = (ATT_HG + WARPS - 1) / WARPS;      // softmax heads per warp
   const float scale = MLA_SCALE;
-  bf16* qh = reinterpret_cast<bf16*>(sm.base + SA_QH);
-  bf16* ql = reinterpret_cast<bf16*>(sm.base + SA_QL);
-  bf16* ck = reinterpret_cast<bf16*>(sm.base + SA_CK);
-  bf16* kr = reinterpret_cast<bf16*>(sm.base + SA_KR);
+  bf16* key_buf = reinterpret_cast<bf16*>(sm.base + SA_KEY);
   float* sc = reinterpret_cast<float*>(sm.base + SA_SC);
   bf16* ph = reinterpret_cast<bf16*>(sm.base + SA_PH);
   bf16* pl = reinterpret_cast<bf16*>(sm.base + SA_PL);
@@ -1202,85 +1210,87 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
   const int nsplit = attn_splits(tokens);
   const int per = attn_split_tokens(tokens);
   const int units = nsplit * (MLA_H / ATT_HG);
-  const int s_nt = warp % (ATT_TT / 8), s_ks = warp / (ATT_TT / 8);   // this warp's score tile and K slice
-  const int k_begin = s_ks * KSTEPS / SC_KS, k_end = (s_ks + 1) * KSTEPS / SC_KS;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int split = u / (MLA_H / ATT_HG), h0 = (u % (MLA_H / ATT_HG)) * ATT_HG;
     const int t0 = split * per, t1 = min(tokens, t0 + per);
-    CacheTile tile;
-    tile.load(cx, t0, t1);
-    {   // q rows (rows past ATT_HG are zero), every load in flight before the first use
-      constexpr int Q4 = ATT_K / 4, Q_PER = (16 * Q4 + THREADS - 1) / THREADS;
-      float4 qv[Q_PER];
+    load_key_tile(cx, key_buf, t0, t1);
+    unsigned qa[KS_W][2][4];   // [k step][high, low][fragment register]
 #pragma unroll
-      for (int j = 0; j < Q_PER; ++j) {
-        const int i = threadIdx.x + j * THREADS, r = i / Q4, k = (i % Q4) * 4;
-        qv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i < 16 * Q4 && r < ATT_HG)
-          qv[j] = __ldcg(reinterpret_cast<const float4*>(k < KV_LORA ? cx.qeff() + (size_t)(h0 + r) * KV_LORA + k
-                                                                     : cx.qr() + (size_t)(h0 + r) * QK_ROPE + (k - KV_LORA)));
-      }
-#pragma unroll
-      for (int j = 0; j < Q_PER; ++j) {
-        const int i = threadIdx.x + j * THREADS, r = i / Q4, k = (i % Q4) * 4;
-        if (i < 16 * Q4) {
-          bf16* h = qh + r * Q_STRIDE + k;
-          bf16* l = ql + r * Q_STRIDE + k;
-          split_bf16(qv[j].x, h[0], l[0]);
-          split_bf16(qv[j].y, h[1], l[1]);
-          split_bf16(qv[j].z, h[2], l[2]);
-          split_bf16(qv[j].w, h[3], l[3]);
-        }
-      }
-    }
+    for (int i = 0; i < KS_W; ++i)
+      if (i < KSTEPS / WARPS || warp + WARPS * i < KSTEPS) q_fragments(cx, h0, (warp + WARPS * i) * 16, qa[i][0], qa[i][1]);
     for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = pl[i] = __float2bfloat16_rn(0.0f);
     if (threadIdx.x < 16) { stat[threadIdx.x] = NEG_INF; stat[16 + threadIdx.x] = 0.0f; stat[32 + threadIdx.x] = 1.0f; }
     float acc[NPW][4];
 #pragma unroll
     for (int j = 0; j < NPW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    __syncthreads();
     mark(cx, EV_STAGED);
-    for (int tt = t0; tt < t1; tt += ATT_TT) {
-      tile.store(ck, kr);
-      __syncthreads();
-      if (tt == t0) mark(cx, EV_FIRST_CHUNK);
-      if (tt + ATT_TT < t1) tile.load(cx, tt + ATT_TT, t1);   // the next tile is in flight during the MMAs
-      {   // scores: this warp's 16 heads x 8 tokens over its K slice, high and low parts of q in two chains
-        float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int ks = k_begin; ks < k_end; ++ks) {
-          const int k0 = ks * 16;
-          unsigned a[4], b0, b1;
-          if (k0 < KV_LORA) load_b_nk(b0, b1, ck + s_nt * 8 * CK_STRIDE + k0, CK_STRIDE);
-          else load_b_nk(b0, b1, kr + s_nt * 8 * KR_STRIDE + (k0 - KV_LORA), KR_STRIDE);
-          load_a(a, qh + k0, Q_STRIDE);
-          mma_bf16(hi, a, b0, b1);
-          load_a(a, ql + k0, Q_STRIDE);
-          mma_bf16(lo, a, b0, b1);
-        }
-        float* out = sc + s_ks * 16 * ATT_TT + s_nt * 8 + 2 * c;
-        out[g * ATT_TT] = hi[0] + lo[0];
-        out[g * ATT_TT + 1] = hi[1] + lo[1];
-        out[(g + 8) * ATT_TT] = hi[2] + lo[2];
-        out[(g + 8) * ATT_TT + 1] = hi[3] + lo[3];
+    for (int tt = t0, buf = 0; tt < t1; tt += ATT_TT, buf ^= 1) {
+      const bf16* keys = key_buf + buf * (KEY_TILE_BYTES / 2);
+      if (tt + ATT_TT < t1) {   // the next tile lands in the other buffer during this one's MMAs
+        load_key_tile(cx, key_buf + (buf ^ 1) * (KEY_TILE_BYTES / 2), tt + ATT_TT, t1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
       __syncthreads();
-      for (int hh = warp; hh < ATT_HG; hh += WARPS) {   // online softmax, lane = token
-        float s = NEG_INF;
-        if (tt + lane < t1) {
-          s = 0.0f;
-          for (int k = 0; k < SC_KS; ++k) s += sc[(k * 16 + hh) * ATT_TT + lane];
-          s *= scale;
+      if (tt == t0) mark(cx, EV_FIRST_CHUNK);
+      {   // scores: 16 heads x 32 tokens over this warp's k steps, four independent chains (token n-tiles)
+        float part[ATT_TT / 8][4] = {};
+#pragma unroll
+        for (int i = 0; i < KS_W; ++i) {
+          const int k0 = (warp + WARPS * i) * 16;
+          if (i < KSTEPS / WARPS || k0 < ATT_K) {
+#pragma unroll
+            for (int nt = 0; nt < ATT_TT / 8; ++nt) {
+              unsigned b0, b1;
+              load_b_nk(b0, b1, keys + nt * 8 * KEY_STRIDE + k0, KEY_STRIDE);
+              mma_bf16(part[nt], qa[i][0], b0, b1);
+              mma_bf16(part[nt], qa[i][1], b0, b1);
+            }
+          }
         }
-        const float m_old = stat[hh];
-        const float m_new = fmaxf(m_old, warp_max(s));
-        const float pr = s == NEG_INF ? 0.0f : expf(s - m_new);
-        const float psum = warp_sum(pr);
-        split_bf16(pr, ph[hh * P_STRIDE + lane], pl[hh * P_STRIDE + lane]);
-        if (lane == 0) {
-          const float alpha = expf(m_old - m_new);
-          stat[32 + hh] = alpha;
-          stat[16 + hh] = stat[16 + hh] * alpha + psum;
-          stat[hh] = m_new;
+        float* out = sc + warp * 16 * SC_STRIDE + 2 * c;
+#pragma unroll
+        for (int nt = 0; nt < ATT_TT / 8; ++nt) {
+          *reinterpret_cast<float2*>(out + g * SC_STRIDE + nt * 8) = make_float2(part[nt][0], part[nt][1]);
+          *reinterpret_cast<float2*>(out + (g + 8) * SC_STRIDE + nt * 8) = make_float2(part[nt][2], part[nt][3]);
+        }
+      }
+      __syncthreads();
+      {   // online softmax, lane = token; a warp's heads side by side, so their shuffle chains overlap
+        float s[HPW], m_old[HPW], m_new[HPW], pr[HPW], psum[HPW];
+#pragma unroll
+        for (int j = 0; j < HPW; ++j) {
+          const int hh = min(warp + j * WARPS, ATT_HG - 1);   // a clamped duplicate is computed, never stored
+          s[j] = NEG_INF;
+          if (tt + lane < t1) {
+            s[j] = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) s[j] += sc[(w * 16 + hh) * SC_STRIDE + lane];
+            s[j] *= scale;
+          }
+          m_old[j] = stat[hh];
+        }
+#pragma unroll
+        for (int j = 0; j < HPW; ++j) m_new[j] = fmaxf(m_old[j], warp_max(s[j]));
+#pragma unroll
+        for (int j = 0; j < HPW; ++j) {
+          pr[j] = s[j] == NEG_INF ? 0.0f : expf(s[j] - m_new[j]);
+          psum[j] = warp_sum(pr[j]);
+        }
+        __syncwarp();   // every lane has read stat before lane 0 rewrites it
+#pragma unroll
+        for (int j = 0; j < HPW; ++j) {
+          const int hh = warp + j * WARPS;
+          if (hh < ATT_HG) {
+            split_bf16(pr[j], ph[hh * P_STRIDE + lane], pl[hh * P_STRIDE + lane]);
+            if (lane == 0) {
+              const float alpha = expf(m_old[j] - m_new[j]);
+              stat[32 + hh] = alpha;
+              stat[16 + hh] = stat[16 + hh] * alpha + psum[j];
+              stat[hh] = m_new[j];
+            }
+          }
         }
       }
       __syncthreads();
@@ -1295,7 +1305,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
 #pragma unroll
         for (int j = 0; j < NPW; ++j) {
           unsigned b0, b1;
-          load_b_kn(b0, b1, ck + k0 * CK_STRIDE + (warp * NPW + j) * 8, CK_STRIDE);
+          load_b_kn(b0, b1, keys + k0 * KEY_STRIDE + (warp * NPW + j) * 8, KEY_STRIDE);
           mma_bf16(acc[j], a_hi, b0, b1);
           mma_bf16(acc[j], a_lo, b0, b1);
         }
@@ -1323,7 +1333,7 @@ __device__ void mla_attention(const Ctx& cx, const Smem& sm) {
 // Units are (head, part of the latent columns): a unit merges its ctx slice over every split and
 // multiplies it by the matching W_uv rows; the last part of a head to finish (arrival counter) adds
 // the parts in a fixed order. One block per head used to read every split's whole context serially.
-__device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
+__device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
   constexpr int LPR = V_HEAD / 16, RPS = 32 / LPR, PAIRS = ABSORB_ROWS, PH = THREADS / PAIRS;
   constexpr int ROW_WARPS = ABSORB_ROWS / RPS < WARPS ? ABSORB_ROWS / RPS : WARPS;
   static_assert(THREADS % PAIRS == 0 && (ABSORB_ROWS % RPS) == 0, "merge thread split");

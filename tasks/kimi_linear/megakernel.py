@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, current_stream
+from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, stream_getter
 from .abi import ENTRY, NUM_PROJ, WEIGHT_TILE, c_header, params_type
 from .modules import KimiBlocks, rope_inv_freq
 
@@ -150,6 +150,10 @@ class MegakernelModel(KimiBlocks):
         self._params = p
         self._layer_params = [p.layer[i] for i in range(len(self.cfg.pattern))]
         self._validated = {}
+        self._kda_ptrs = {}   # per KDA layer: the state pointers now in the struct
+        for layer, cap in self._caches.items():   # a re-pack keeps the capacity buffers in place
+            p.layer[layer].c_kv, p.layer[layer].k_rope = cap.c_kv_ptr, cap.k_rope_ptr
+        self._stream = stream_getter(device)
         self._launcher = CooperativeLauncher(self._kernel, p)
 
     def _set_qw(self, dst, mod) -> None:
@@ -184,6 +188,8 @@ class MegakernelModel(KimiBlocks):
             cap.c_kv[:n].copy_(c_kv)
             cap.k_rope[:n].copy_(k_rope)
             self._caches[layer] = cap
+            lp = self._layer_params[layer]
+            lp.c_kv, lp.k_rope = cap.c_kv_ptr, cap.k_rope_ptr
         return cap, n
 
     def _validate(self, t: torch.Tensor, layer: int, key: str) -> None:
@@ -229,24 +235,27 @@ class MegakernelModel(KimiBlocks):
                 for key, t in zip(("S", "cq", "ck", "cv"), (S, cq, ck, cv), strict=True):   # new objects: check once
                     self._validate(t, i, key)
                 self._validated[i] = (S, cq, ck, cv)
-            lp = self._layer_params[i]
-            lp.S = S.data_ptr()   # pointers are read every step: a checked object may have been re-pointed
-            conv = lp.conv_state
-            conv[0], conv[1], conv[2] = cq.data_ptr(), ck.data_ptr(), cv.data_ptr()
+            # pointers are read every step (a checked object may have been re-pointed), written on change
+            ptrs = (S.data_ptr(), cq.data_ptr(), ck.data_ptr(), cv.data_ptr())
+            if ptrs != self._kda_ptrs.get(i):
+                lp = self._layer_params[i]
+                lp.S = ptrs[0]
+                conv = lp.conv_state
+                conv[0], conv[1], conv[2] = ptrs[1:]
+                self._kda_ptrs[i] = ptrs
         ctx = None
         for i in self._mla_layers:
-            cap, n = self._cache_for(i, state[i], hidden.device)
+            _, n = self._cache_for(i, state[i], hidden.device)
             if ctx is not None and n != ctx:
                 raise ValueError("all MLA layers must hold the same number of cached tokens")
             ctx = n
-            self._layer_params[i].c_kv, self._layer_params[i].k_rope = cap.c_kv_ptr, cap.k_rope_ptr
         slot = self._ring_next[0]
         out = ring[slot]
         self._ring_next[0] = slot ^ 1
         p.hidden_in = hidden_ptr
         p.hidden_out = self._ring_ptrs[slot]
         p.ctx_len = ctx or 0
-        self._launcher.launch(current_stream(hidden.device))
+        self._launcher.launch(self._stream())
         lora, rope = self.cfg.kv_lora, self.cfg.qk_rope
         for i in self._mla_layers:   # views of the first ctx + 1 rows (as_strided: the cheapest view op)
             cap = self._caches[i]
