@@ -58,7 +58,7 @@ class _Driver:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         # cuLaunchKernelEx with the cooperative attribute, not cuLaunchCooperativeKernel: the same
-        # launch, ~2.7 µs less host time per call on the H200 host (scripts/launch_probe.py: 6.3 vs 9.0)
+        # launch, ~3 µs less host time per call on the H200 hosts (kimi_host_cost.py --apis: 6.3 vs 9.0)
         launch = self.lib.cuLaunchKernelEx
         launch.argtypes = [ctypes.c_void_p] * 4
         launch.restype = ctypes.c_int
