@@ -211,7 +211,7 @@ class CooperativeLauncher:
 
 
 def current_stream(device) -> int:
-    """The CUstream torch is issuing to on `device` (the cheap accessor when this torch has it)."""
+    """The CUstream torch is issuing to on `device` now (hot paths bind `stream_getter` once instead)."""
     return stream_getter(device)()
 
 

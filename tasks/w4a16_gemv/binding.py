@@ -7,7 +7,7 @@ import ctypes
 import torch
 
 from ..abi_gen import c_struct, py_struct
-from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, current_stream
+from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, stream_getter
 from .model import GemvBlock, GemvConfig
 
 ENTRY = "gemv_step"
@@ -55,6 +55,7 @@ class GemvKernelModel(GemvBlock):
         p.sc, p.zr = self.proj.scales.data_ptr(), self.proj.zeros.data_ptr()
         p.scratch, p.counters = self._scratch.data_ptr(), self._counters.data_ptr()
         self._params = p
+        self._stream = stream_getter(dev)
         self._launcher = CooperativeLauncher(kernel, p)
         return self
 
@@ -67,5 +68,5 @@ class GemvKernelModel(GemvBlock):
         out = self._ring[self._next[0]]
         self._next[0] ^= 1
         self._params.x, self._params.out = hidden.data_ptr(), out.data_ptr()
-        self._launcher.launch(current_stream(hidden.device))
+        self._launcher.launch(self._stream())
         return out, state
