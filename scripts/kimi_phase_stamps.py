@@ -11,7 +11,9 @@ a unit's sums reduced (the last one counts) and all units done. The second table
 offsets from the block's release and the same offsets for the phase's critical block (the last to
 arrive), so the critical path of a phase can be read off event by event. The third table follows a
 block's first chunks through the weight ring: when each landed, when every warp had read it, and when
-the chunk that refills its slot had been issued (mean block and critical block, first context).
+the chunk that refills its slot had been issued (mean block and critical block, every context). In
+the attention row the chunks are the block's cache tiles, and "read" and "issued" stand for the
+scores and the softmax of that tile done.
 Medians over several steps. Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384]
 """
 
@@ -158,11 +160,13 @@ def main() -> None:
             shown = vals[: len(EVENTS)] + vals[N_EVENTS : N_EVENTS + 1 + len(EVENTS)] + vals[-1:]
             e.add_row(name, *["-" if v != v else f"{v:.1f}" for v in shown])
         console.print(e)
-    print_chunks(names, per_ctx_events[args.ctx[0]], args.ctx[0], console)
+    for ctx in args.ctx:
+        print_chunks(names, per_ctx_events[ctx], ctx, console)
 
 
 def print_chunks(names: list[str], event_runs: list[list[list[float]]], ctx: int, console: Console) -> None:
-    """The ring's chunk events of each GEMV phase, mean block and critical block (µs from its release)."""
+    """The ring's chunk events of each GEMV phase (the attention's cache tiles), mean block and critical
+    block (µs from its release)."""
     c = Table(title=f"Weight-ring chunks @{ctx}, µs from the block's release (median of {len(event_runs)} steps)")
     c.add_column("phase")
     c.add_column("block")

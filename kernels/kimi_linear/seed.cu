@@ -278,9 +278,19 @@ struct RingSync {
   Chunk head;                  // this block's first chunk of that table (issue_first writes)
 };
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+// Weights stream through L2 once per step (226 MB, several times its size) and are never reused from it,
+// so the bulk copies mark them evict-first: what the next step reuses stays resident (code, KDA states,
+// conv windows, norms, split-K partials). With the default policy the weights flushed all of it.
+// The MLA cache tiles are marked evict-first too: their second reader (the other head group) comes
+// within the phase, and at 16K the 19 MB cache kept resident crowded out the rest (evict-last: slower).
+__device__ __forceinline__ unsigned long long l2_evict_first() {
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(l2_evict_first()) : "memory");
 }
 // Before a bulk copy, by its issuing thread: one arrival, and the phase waits for `bytes` more.
 __device__ __forceinline__ void expect_bytes(unsigned long long* bar, unsigned bytes) {
@@ -1137,7 +1147,8 @@ __device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(fill ? 16 : 0) : "memory");
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(fill ? 16 : 0), "l"(l2_evict_first()) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int PENDING>
@@ -1233,7 +1244,9 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
         cp_async_wait<0>();
       }
       __syncthreads();
+      const int tile_no = (tt - t0) / ATT_TT;   // stamps: landed, scores done (as "read"), softmax done (as "issued")
       if (tt == t0) mark(cx, EV_FIRST_CHUNK);
+      mark_chunk(cx, tile_no, CH_LANDED);
       {   // scores: 16 heads x 32 tokens over this warp's k steps, four independent chains (token n-tiles)
         float part[ATT_TT / 8][4] = {};
 #pragma unroll
@@ -1257,6 +1270,7 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
         }
       }
       __syncthreads();
+      mark_chunk(cx, tile_no, CH_READ);
       {   // online softmax, lane = token; a warp's heads side by side, so their shuffle chains overlap
         float s[HPW], m_old[HPW], m_new[HPW], pr[HPW], psum[HPW];
 #pragma unroll
@@ -1294,6 +1308,7 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
         }
       }
       __syncthreads();
+      mark_chunk(cx, tile_no, CH_ISSUED);
       const float al_g = stat[32 + g], al_g8 = stat[32 + g + 8];
 #pragma unroll
       for (int j = 0; j < NPW; ++j) { acc[j][0] *= al_g; acc[j][1] *= al_g; acc[j][2] *= al_g8; acc[j][3] *= al_g8; }
