@@ -23,7 +23,9 @@
 // copies (cp.async.bulk, three copies per chunk from the binding's tile-major layout, an mbarrier per
 // slot) into a two-slot shared-memory ring: chunk i+1 is in flight while chunk i is computed, and the
 // first two chunks of the next phase are issued at the grid barrier (weights do not depend on
-// activations), so they land while the block waits and then stages its input vector.
+// activations), so they land while the block waits and then stages its input vector. The copies
+// carry an L2 evict-first policy: the weights are never reused from L2, and what the next step does
+// reuse (code, states, partials) then stays resident (-13 µs per step).
 //
 // MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
 // cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
