@@ -359,7 +359,8 @@ struct Ctx {
 // __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
 // done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
 // MLA attention stamps the first four too: q loads issued, first cache tile in shared memory, last
-// tile's P.V done, partials written (a unit's; the last one counts).
+// tile's P.V done, partials written (a unit's; the last one counts); and per cache tile, in the chunk
+// slots: landed, scores done, softmax done.
 enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE, EV_CHUNK };
 enum ChunkEvent { CH_LANDED, CH_READ, CH_ISSUED };
 constexpr int STAMPED_CHUNKS = 6;
