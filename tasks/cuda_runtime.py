@@ -9,6 +9,7 @@ this file in solution.py.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,10 @@ class _Driver:
         launch.argtypes = [ctypes.c_void_p] * 4
         launch.restype = ctypes.c_int
         self.launch = launch
+        # the same entry point without argtypes, for callers that pass prebuilt c_void_p objects: ctypes
+        # then converts nothing (~0.2 µs less per call than converting four Python ints)
+        self.launch_prebuilt = self.lib["cuLaunchKernelEx"]
+        self.launch_prebuilt.restype = ctypes.c_int
 
     def check(self, status: int, what: str) -> None:
         if status != 0:
@@ -198,14 +203,16 @@ class CooperativeLauncher:
                                     ctypes.pointer(self._attr), 1)
         self._stream = 0
         self._drv = drv
-        self._call = (ctypes.addressof(self._config), kernel.handle, ctypes.addressof(self._args), None)
+        self._launch = drv.launch_prebuilt
+        self._call = (ctypes.c_void_p(ctypes.addressof(self._config)), ctypes.c_void_p(kernel.handle),
+                      ctypes.c_void_p(ctypes.addressof(self._args)), None)
 
     def launch(self, stream: int) -> None:
         """One cooperative launch on `stream` (a CUstream handle) with the struct as it stands now."""
         if stream != self._stream:
             self._config.stream = stream
             self._stream = stream
-        status = self._drv.launch(*self._call)
+        status = self._launch(*self._call)
         if status:
             self._drv.check(status, "cuLaunchKernelEx(cooperative)")
 
@@ -221,8 +228,7 @@ def stream_getter(device):
     device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if _RAW_STREAM is not None:
-        raw = _RAW_STREAM
-        return lambda: raw(index)
+        return functools.partial(_RAW_STREAM, index)   # called in C: cheaper than a lambda
     return lambda: torch.cuda.current_stream(index).cuda_stream
 
 

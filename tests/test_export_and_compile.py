@@ -26,7 +26,7 @@ def test_export_is_standalone_and_loads_weights_strictly(tmp_path):
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "relative import left in the exported file"
             imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "ctypes", "dataclasses", "torch", "cupy", "numpy"}
+    assert imported <= {"__future__", "ctypes", "dataclasses", "functools", "torch", "cupy", "numpy"}
     (tmp_path / "solution.py").write_text(text)
     probe = f"""
 import sys, torch

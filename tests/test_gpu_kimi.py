@@ -109,6 +109,24 @@ def test_binding_honours_new_and_externally_modified_state(small_models):
     assert cos(o_m, o_r) > 0.99 and s_m[3]["c_kv"].shape[0] == 8
 
 
+def test_binding_notices_re_pointed_and_resized_state_tensors(small_models):
+    ref, mk = small_models
+    h, st = init_token(SMALL, 8, DEV), init_state(SMALL, 40, 8, DEV)
+    _, _, o1, st = _step_pair(ref, mk, h, st)   # the binding has now seen these objects and made the views
+    # the same objects, changed under the binding: two KDA states re-pointed at new memory (set_ and
+    # .data =), and the returned cache views cut back to 30 rows in place
+    s1, s2 = st[1]["S"], st[2]["S"]
+    s1.set_(s1.clone().mul_(0.5))
+    s2.data = s2.clone().mul_(2.0)
+    st[3]["c_kv"].resize_(30, SMALL.kv_lora)
+    st[3]["k_rope"].resize_(30, SMALL.qk_rope)
+    o_r, s_r, o_m, s_m = _step_pair(ref, mk, o1, st)
+    assert s_m[1]["S"] is s1 and s_m[2]["S"] is s2
+    assert rel(s1, s_r[1]["S"]) < 0.015 and rel(s2, s_r[2]["S"]) < 0.015   # written where they point now
+    assert s_m[3]["c_kv"].shape[0] == 31 and cos(s_m[3]["c_kv"][30], s_r[3]["c_kv"][30]) > 0.99
+    assert cos(o_m, o_r) > 0.99
+
+
 def test_binding_sees_weights_loaded_or_edited_after_its_first_step(small_models):
     ref, mk = small_models
     h, st = init_token(SMALL, 7, DEV), init_state(SMALL, 12, 7, DEV)
@@ -154,4 +172,8 @@ def test_binding_rejects_a_malformed_state_with_a_clear_error(small_models):
     h, st = init_token(SMALL, 6, DEV), init_state(SMALL, 5, 6, DEV)
     st[1]["ck"] = st[1]["ck"][:, :-8].contiguous()
     with pytest.raises(ValueError, match=r"state\[1\]\['ck'\] must be .* shape"):
+        mk.step(h, st)
+    st = init_state(SMALL, 5, 6, DEV)
+    st[3]["k_rope"] = st[3]["k_rope"][:4]
+    with pytest.raises(ValueError, match=r"state\[3\]: c_kv must be .* same rows"):
         mk.step(h, st)
