@@ -1,5 +1,6 @@
 """Where the host time of a Kimi `step()` goes: the whole call, the binding with the launch left out,
-and the cooperative launch call alone (the driver), in µs per call (medians of several batches).
+and the cooperative launch call alone (the driver), in µs per call (medians of several batches); then
+the same on a stream created by the caller (torch's default stream is the legacy one).
 
 The GPU is kept busy by the real steps, so no call waits for the device. With --apis, the launch APIs
 are timed too, on empty kernels of the Kimi kernel's launch shape (grid, 256 threads, ~109 KB of
@@ -134,6 +135,12 @@ def main() -> None:
         launcher.launch = real_launch
     rows.append(("the cooperative launch call alone", per_call_us(lambda: launcher.launch(stream), args.calls,
                                                                  args.batches, dev)))
+    side = torch.cuda.Stream(dev)   # a created stream: launches there skip the legacy default stream's implicit syncs
+    with torch.cuda.stream(side):
+        rows.append(("step() on a created (non-default) stream", per_call_us(full_step, args.calls, args.batches, dev)))
+        side_handle = current_stream(dev)
+        rows.append(("the launch call alone on that stream",
+                     per_call_us(lambda: launcher.launch(side_handle), args.calls, args.batches, dev)))
     if args.apis:
         rows += launch_api_rows(args.calls, args.batches, dev, model._kernel.contract.dynamic_smem)
     t = Table(title=f"Host cost per Kimi step (ctx {ctx}, {args.calls} calls x {args.batches} batches, medians)")
