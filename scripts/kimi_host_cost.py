@@ -135,7 +135,7 @@ def main() -> None:
         launcher.launch = real_launch
     rows.append(("the cooperative launch call alone", per_call_us(lambda: launcher.launch(stream), args.calls,
                                                                  args.batches, dev)))
-    side = torch.cuda.Stream(dev)   # a created stream: launches there skip the legacy default stream's implicit syncs
+    side = torch.cuda.Stream(dev)   # does the legacy default stream's implicit synchronisation cost the driver?
     with torch.cuda.stream(side):
         rows.append(("step() on a created (non-default) stream", per_call_us(full_step, args.calls, args.batches, dev)))
         side_handle = current_stream(dev)

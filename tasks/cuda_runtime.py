@@ -60,14 +60,11 @@ class _Driver:
         self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         # cuLaunchKernelEx with the cooperative attribute, not cuLaunchCooperativeKernel: the same
         # launch, ~3 µs less host time per call on the H200 hosts (kimi_host_cost.py --apis: 6.3 vs 9.0)
+        # Unprototyped on purpose: callers pass four prebuilt ctypes objects (c_void_p or None, never
+        # Python ints, which would be truncated to C int), so ctypes converts nothing (~0.2 µs a call).
         launch = self.lib.cuLaunchKernelEx
-        launch.argtypes = [ctypes.c_void_p] * 4
         launch.restype = ctypes.c_int
         self.launch = launch
-        # the same entry point without argtypes, for callers that pass prebuilt c_void_p objects: ctypes
-        # then converts nothing (~0.2 µs less per call than converting four Python ints)
-        self.launch_prebuilt = self.lib["cuLaunchKernelEx"]
-        self.launch_prebuilt.restype = ctypes.c_int
 
     def check(self, status: int, what: str) -> None:
         if status != 0:
@@ -203,7 +200,7 @@ class CooperativeLauncher:
                                     ctypes.pointer(self._attr), 1)
         self._stream = 0
         self._drv = drv
-        self._launch = drv.launch_prebuilt
+        self._launch = drv.launch
         self._call = (ctypes.c_void_p(ctypes.addressof(self._config)), ctypes.c_void_p(kernel.handle),
                       ctypes.c_void_p(ctypes.addressof(self._args)), None)
 

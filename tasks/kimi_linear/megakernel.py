@@ -213,10 +213,10 @@ class MegakernelModel(KimiBlocks):
                 ckv_buf = torch.empty((rows, lora), dtype=torch.bfloat16, device=device)
                 krope_buf = torch.empty((rows, rope), dtype=torch.bfloat16, device=device)
                 cap = CacheBuffers(ckv_buf, krope_buf, ckv_buf.data_ptr(), krope_buf.data_ptr(), rows)
-            for buf, rows in ((cap.c_kv, c_kv), (cap.k_rope, k_rope)):
-                if rows.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr():
-                    rows = rows.clone()   # rows taken from elsewhere in our own buffer: copy_ must not overlap
-                buf[:n].copy_(rows)
+            for buf, src in ((cap.c_kv, c_kv), (cap.k_rope, k_rope)):
+                if src.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr():
+                    src = src.clone()   # rows taken from elsewhere in our own buffer: copy_ must not overlap
+                buf[:n].copy_(src)
             slot.cap = cap
             slot.params.c_kv, slot.params.k_rope = cap.c_kv_ptr, cap.k_rope_ptr
         return n
