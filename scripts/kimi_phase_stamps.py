@@ -13,7 +13,9 @@ arrive), so the critical path of a phase can be read off event by event. The thi
 block's first chunks through the weight ring: when each landed, when every warp had read it, and when
 the chunk that refills its slot had been issued (mean block and critical block, every context). In
 the attention row the chunks are the block's cache tiles, and "read" and "issued" stand for the
-scores and the softmax of that tile done.
+scores and the softmax of that tile done. In the MoE row (gate/up, then down, no barrier between) the
+down chunks are numbered on from the block's gate/up chunks; "staged" and "1st chunk" are the gate/up
+run's, "computed" and "done" the down run's.
 Medians over several steps. Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384]
 """
 
@@ -39,7 +41,7 @@ MAX_STAMPS, MAX_STAMP_BLOCKS, STAMPED_CHUNKS = 128, 1024, 6   # as in the kernel
 EVENTS = ["staged", "1st chunk", "computed", "done"]
 CHUNK_EVENTS = ["landed", "read", "issued"]
 N_EVENTS = len(EVENTS) + len(CHUNK_EVENTS) * STAMPED_CHUNKS
-SHOWN_CHUNKS = 4
+SHOWN_CHUNKS = 6
 STAMP_WORDS = MAX_STAMPS * MAX_STAMP_BLOCKS
 EVENT_WORDS = (MAX_STAMPS // 2) * N_EVENTS * MAX_STAMP_BLOCKS
 # "g/u+down": one phase (down units start on their gate/up tiles); its events are the down part's
@@ -143,7 +145,7 @@ def main() -> None:
             cells += [f"{v:.1f}" for v in med]
         t.add_row(name, *cells)
     t.add_row("total", *[c for ctx in args.ctx for c in (f"{totals[ctx][0]:.1f}", "", f"{totals[ctx][1]:.1f}")])
-    console = Console(width=200)
+    console = Console(width=260)
     console.print(t)
     for ctx in args.ctx:
         e = Table(title=f"Events inside GEMV phases @{ctx}, µs from the block's release (median of {args.steps} steps)")

@@ -358,6 +358,8 @@ struct Ctx {
 // Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 (the first four right after a
 // __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
 // done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
+// In the MoE phase the down units' chunks are numbered on from the block's gate/up chunks, "staged" and
+// "first chunk" are the gate/up run's, "computed" and "done" the down run's.
 // MLA attention stamps the first four too: q loads issued, first cache tile in shared memory, last
 // tile's P.V done, partials written (a unit's; the last one counts); and per cache tile, in the chunk
 // slots: landed, scores done, softmax done.
@@ -371,7 +373,20 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 #if PHASE_STAMPS
 __shared__ int stamp_phase;   // the phase this block is in; kept by Barrier::stamp
+__shared__ int stamp_chunks;  // chunks this block has run in that phase (thread 0's count)
 #endif
+__device__ __forceinline__ int phase_chunks() {
+#if PHASE_STAMPS
+  return stamp_chunks;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void set_phase_chunks(int k) {
+#if PHASE_STAMPS
+  if (threadIdx.x == 0) stamp_chunks = k;
+#endif
+}
 __device__ __forceinline__ void mark(const Ctx& cx, int ev) {
 #if PHASE_STAMPS
   if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2 && ev < N_EVENTS)
@@ -841,7 +856,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem 
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  int slot = 0, k = 0;
+  int slot = 0, k = phase_chunks();   // k: the chunk's number in the phase (stamps only)
   Chunk c = sm.rs->head;
   Chunk nx = c.unit < total ? next_chunk(jobs, total, c) : c;
   for (; c.unit < total; slot ^= 1, ++k) {
@@ -866,6 +881,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem 
     c = nx;
     nx = nn;
   }
+  set_phase_chunks(k);
   mark(cx, EV_DONE);
 }
 
@@ -1594,7 +1610,6 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 // flight meanwhile. The routing computed in the gate/up phase is still in this block's shared memory.
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
   begin_phase(JS_DOWN, cx, sm, false);
-  mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
 }
 
@@ -1676,7 +1691,7 @@ struct Barrier {
       stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
     ++n;
 #if PHASE_STAMPS
-    if (threadIdx.x == 0) stamp_phase = n / 2;   // after a release: the index of the phase that begins
+    if (threadIdx.x == 0) { stamp_phase = n / 2; stamp_chunks = 0; }   // after a release: the phase that begins
 #endif
   }
   __device__ void arrive() {
