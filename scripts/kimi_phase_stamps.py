@@ -44,7 +44,7 @@ N_EVENTS = len(EVENTS) + len(CHUNK_EVENTS) * STAMPED_CHUNKS
 SHOWN_CHUNKS = 6
 STAMP_WORDS = MAX_STAMPS * MAX_STAMP_BLOCKS
 EVENT_WORDS = (MAX_STAMPS // 2) * N_EVENTS * MAX_STAMP_BLOCKS
-# "g/u+down": one phase (down units start on their gate/up tiles); its events are the down part's
+# "g/u+down": one phase (down units start on their gate/up tiles); see the docstring for its events
 KDA_PHASES = ["kda project", "kda delta", "kda o_proj", "router+windows", "g/u+down"]
 MLA_PHASES = ["mla project", "absorb q", "attention", "merge+absorb v", "mla o_proj", "router", "g/u+down"]
 
