@@ -35,7 +35,9 @@ for step in "$@"; do
         timeout 500 python3 run_agent.py bench --task "$t" --json > "$OUT/bench_$t.json" 2> "$OUT/bench_$t.err"
         render "$OUT/bench_$t.json"
       done ;;
-    upstream)  # upstream's own check.py on an exported solution (upstream/ is fetched, ignored, never committed)
+    upstream)  # upstream's own check.py on an exported solution (upstream/ is fetched, ignored, never committed;
+               # its reference.py is our stand-in, scripts/upstream_reference.py, unless upstream's own is there)
+      [ -f upstream/reference.py ] || cp scripts/upstream_reference.py upstream/reference.py
       python3 run_agent.py export kernels/kimi_linear/seed.cu -o upstream/solution.py
       (cd upstream && timeout 600 python3 check.py 2>&1 | tee "$OUT/upstream_check.log") ;;
     session)  # a real tuner session on the full Kimi task; its trace and HTML report come back under $OUT/session
