@@ -1,6 +1,8 @@
 """The fp32 oracle and the PyTorch baseline on the small config, against independent re-derivations."""
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -241,9 +243,6 @@ def test_an_exact_tie_routes_to_the_lower_index_and_the_flip_takes_the_other(mod
 def test_upstream_stand_in_exposes_upstreams_names_with_fixed_weights():
     """scripts/upstream_reference.py is what upstream's check.py imports as `reference`: its names must
     build the reference with the same weights every time and run a step on its own inputs."""
-    import importlib.util
-    from pathlib import Path
-
     path = Path(__file__).resolve().parent.parent / "scripts" / "upstream_reference.py"
     spec = importlib.util.spec_from_file_location("upstream_reference", path)
     stand_in = importlib.util.module_from_spec(spec)
@@ -253,5 +252,5 @@ def test_upstream_stand_in_exposes_upstreams_names_with_fixed_weights():
     assert isinstance(a, ref.ReferenceModel)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
-    hidden, state = a.step(stand_in.init_token(CFG, 0, CPU), stand_in.init_state(CFG, 5, 0, CPU))
+    hidden, _ = a.step(stand_in.init_token(CFG, 0, CPU), stand_in.init_state(CFG, 5, 0, CPU))
     assert hidden.shape == (CFG.hidden,) and torch.isfinite(hidden.float()).all()
