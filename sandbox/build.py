@@ -1,11 +1,12 @@
-"""Compile a candidate for a task: CuPy/NVRTC in a GPU worker, or `nvcc -cubin` where there is no GPU."""
+"""Build a candidate for a task: the confined compiler makes the cubin, a GPU worker loads it.
+
+`build_for_device` compiles and loads (inside a GPU worker); `compile_only` compiles without a GPU and
+reads the build facts (registers, spills, stack, shared memory) from ptxas's report.
+"""
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -13,58 +14,9 @@ from tasks.base import Task
 from traces.results import BuildResult, Resources
 
 from .candidate import Candidate, CandidateError, validate
+from .compiler import CompileLimits, CompileOutput, compile_cuda, nvrtc_options
 
-
-def compile_options(task: Task, knobs: dict[str, int], arch: str) -> tuple[str, ...]:
-    defines = {**task.defines(), **{k: str(v) for k, v in knobs.items()}}
-    return ("-std=c++17", f"-arch={arch}", *(f"-D{k}={v}" for k, v in sorted(defines.items())))
-
-
-def build_on_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict):
-    """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result."""
-    from tasks.cuda_runtime import compile_kernel
-
-    t0 = time.perf_counter()
-    try:
-        knobs = validate(cand)
-    except CandidateError as e:
-        return BuildResult(ok=False, key=key, error=str(e), seconds=time.perf_counter() - t0), None
-    if key in cache:
-        kernel = cache[key]
-        return _result(kernel, key, knobs, time.perf_counter() - t0, cached=True, log=""), kernel
-    try:
-        kernel = compile_kernel(task.prelude() + cand.source, task.spec.entry, compile_options(task, knobs, arch))
-        res = _result(kernel, key, knobs, time.perf_counter() - t0, cached=False, log="")
-    except Exception as e:  # noqa: BLE001 - compile errors, missing contract symbols, load failures
-        log = e.get_message() if hasattr(e, "get_message") else f"{type(e).__name__}: {e}"
-        return BuildResult(ok=False, key=key, knobs=knobs, error=_first_error(log), log=log[-20000:],
-                           seconds=time.perf_counter() - t0), None
-    cache[key] = kernel
-    return res, kernel
-
-
-def _result(kernel, key: str, knobs: dict, seconds: float, cached: bool, log: str) -> BuildResult:
-    from tasks.cuda_runtime import driver
-
-    c = kernel.contract
-    fit = driver().occupancy(kernel.handle, c.threads, c.dynamic_smem) if c.threads <= kernel.max_threads else 0
-    return BuildResult(
-        ok=True, key=key, knobs=knobs, log=log, seconds=seconds, cached=cached,
-        resources=Resources(
-            registers=kernel.registers, local_bytes=kernel.local_bytes, static_smem=kernel.static_smem,
-            dynamic_smem=c.dynamic_smem, max_threads=kernel.max_threads, threads=c.threads,
-            blocks_per_sm=c.blocks_per_sm, blocks_fit_per_sm=fit, grid=driver().sm_count() * c.blocks_per_sm,
-        ),
-    )
-
-
-def _first_error(log: str) -> str:
-    for line in log.splitlines():
-        if "error" in line.lower():
-            return line.strip()[:400]
-    return log.strip().splitlines()[-1][:400] if log.strip() else "compile failed"
-
-
+INSTRUMENT_DEFINES = frozenset({"PHASE_STAMPS", "SKIP_MOE", "SKIP_ATTN"})
 PTXAS_RE = {
     "registers": re.compile(r"Used (\d+) registers"),
     "stack": re.compile(r"(\d+) bytes stack frame"),
@@ -72,33 +24,86 @@ PTXAS_RE = {
     "spill_loads": re.compile(r"(\d+) bytes spill loads"),
     "smem": re.compile(r"(\d+) bytes smem"),
 }
+DEFAULT_ARCH = "sm_90"
 
 
-def compile_only(task: Task, cand: Candidate, arch: str = "sm_90a", nvcc: str | None = None) -> BuildResult:
-    """`nvcc -cubin -Xptxas -v` without a GPU: syntax, registers, spills. Knob and include rules apply."""
-    nvcc = nvcc or shutil.which("nvcc")
-    key = cand.key(f"nvcc:{arch}")
+def build_defines(task: Task, knobs: dict[str, int], instruments: dict[str, str] | None = None) -> dict[str, str]:
+    """Task dimensions, knob values and instrument switches as -D; a knob may not shadow either of the others."""
+    dims = task.defines()
+    clash = sorted(set(knobs) & (set(dims) | INSTRUMENT_DEFINES))
+    if clash:
+        raise CandidateError(f"knob name(s) {clash} are reserved (task dimensions and instrument switches: "
+                             f"{sorted(set(dims) | INSTRUMENT_DEFINES)})")
+    return {**{k: str(v) for k, v in knobs.items()}, **(instruments or {}), **dims}
+
+
+def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLimits | None = None,
+                      instruments: dict[str, str] | None = None) -> tuple[dict[str, int], CompileOutput]:
+    """(resolved knobs, compiler output); CandidateError for a source or knob that breaks a rule."""
+    knobs = validate(cand)
+    options = [*nvrtc_options(arch, build_defines(task, knobs, instruments)), "--ptxas-options=-v"]
+    return knobs, compile_cuda(task.prelude(), cand.source, options, limits)
+
+
+def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict, cubin_dir: Path,
+                     limits: CompileLimits | None = None):
+    """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result."""
+    from tasks.cuda_runtime import driver, load_kernel
+
+    t0 = time.perf_counter()
+    if key in cache:
+        kernel, facts = cache[key]
+        return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), kernel
+    try:
+        knobs, out = compile_candidate(task, cand, arch, limits)
+    except CandidateError as e:
+        return BuildResult(ok=False, key=key, error=str(e), seconds=time.perf_counter() - t0), None
+    if not out.ok:
+        return BuildResult(ok=False, key=key, knobs=knobs, error=out.error, log=out.log[-20000:],
+                           compiler=out.compiler, confinement=out.confinement, seconds=time.perf_counter() - t0), None
+    cubin_dir.mkdir(parents=True, exist_ok=True)
+    path = cubin_dir / f"{key}.cubin"
+    path.write_bytes(out.cubin)
+    kernel = load_kernel(str(path), task.spec.entry)
+    c = kernel.contract
+    fit = driver().occupancy(kernel.handle, c.threads, c.dynamic_smem) if c.threads <= kernel.max_threads else 0
+    facts = ptxas_facts(out.log, task.spec.entry)
+    res = BuildResult(
+        ok=True, key=key, knobs=knobs, log=out.log[-20000:], seconds=time.perf_counter() - t0, compiler=out.compiler,
+        confinement=out.confinement, spill_bytes=facts["spill_stores"] + facts["spill_loads"],
+        resources=Resources(
+            registers=kernel.registers, local_bytes=kernel.local_bytes, static_smem=kernel.static_smem,
+            dynamic_smem=c.dynamic_smem, max_threads=kernel.max_threads, threads=c.threads,
+            blocks_per_sm=c.blocks_per_sm, blocks_fit_per_sm=fit, grid=driver().sm_count() * c.blocks_per_sm,
+        ),
+    )
+    cache[key] = (kernel, res)
+    return res, kernel
+
+
+def ptxas_facts(log: str, entry: str) -> dict[str, int]:
+    """Registers, stack, spills and shared memory of `entry` as ptxas reported them (0 where absent)."""
+    start = log.find(f"Function properties for {entry}\n")
+    block = log[start:].split("Compile time", 1)[0] if start >= 0 else ""
+    return {k: int(m.group(1)) if (m := r.search(block)) else 0 for k, r in PTXAS_RE.items()}
+
+
+def compile_only(task: Task, cand: Candidate, arch: str = DEFAULT_ARCH, limits: CompileLimits | None = None
+                 ) -> BuildResult:
+    """The confined compile without a GPU: syntax, registers, spills. Knob and source rules apply."""
+    key = cand.key(f"compile-only:{arch}")
     t0 = time.perf_counter()
     try:
-        knobs = validate(cand)
+        knobs, out = compile_candidate(task, cand, arch, limits)
     except CandidateError as e:
         return BuildResult(ok=False, key=key, error=str(e))
-    if not nvcc:
-        return BuildResult(ok=False, key=key, knobs=knobs, error="nvcc not found")
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "candidate.cu"
-        src.write_text(task.prelude() + cand.source)
-        cmd = [nvcc, "-cubin", "-Xptxas", "-v", "-o", str(Path(tmp) / "candidate.cubin"),
-               *compile_options(task, knobs, arch), str(src)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        return BuildResult(ok=False, key=key, knobs=knobs, log=log[-20000:], error=_first_error(log),
-                           seconds=time.perf_counter() - t0)
-    nums = {k: int(m.group(1)) if (m := r.search(log)) else 0 for k, r in PTXAS_RE.items()}
-    res = BuildResult(ok=True, key=key, knobs=knobs, log=log[-20000:], seconds=time.perf_counter() - t0)
-    res.resources = Resources(
-        registers=nums["registers"], local_bytes=nums["stack"] + nums["spill_stores"], static_smem=nums["smem"],
-        dynamic_smem=0, max_threads=0, threads=0, blocks_per_sm=0, blocks_fit_per_sm=0, grid=0,
-    )
+    res = BuildResult(ok=out.ok, key=key, knobs=knobs, log=out.log[-20000:], error=out.error,
+                      seconds=time.perf_counter() - t0, compiler=out.compiler, confinement=out.confinement)
+    if out.ok:
+        nums = ptxas_facts(out.log, task.spec.entry)
+        res.spill_bytes = nums["spill_stores"] + nums["spill_loads"]
+        res.resources = Resources(
+            registers=nums["registers"], local_bytes=nums["stack"] + nums["spill_stores"], static_smem=nums["smem"],
+            dynamic_smem=0, max_threads=0, threads=0, blocks_per_sm=0, blocks_fit_per_sm=0, grid=0,
+        )
     return res

@@ -43,7 +43,22 @@ def _worst(tensors: list[TensorCheck]) -> float:
     return worst if worst == worst else float("inf")
 
 
-def _describe(case: CheckCase) -> str:
+def _not_finite(hidden: torch.Tensor, state) -> list[str]:
+    names = [] if bool(torch.isfinite(hidden).all()) else ["hidden"]
+    for i, layer in enumerate(state):
+        names += [f"L{i}.{k}" for k, v in layer.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    return names
+
+
+def worst_line(case: CheckCase) -> str:
+    """The tensor closest to (or furthest past) its bound, e.g. 'L3.c_kv_row rel_l2 0.012 of 0.05'."""
+    if not case.tensors:
+        return ""
+    t = max(case.tensors, key=lambda t: t.rel_l2 / t.rel_l2_max if t.finite else float("inf"))
+    return f"{t.name} rel_l2 {t.rel_l2:.3g} of {t.rel_l2_max:.3g}, cos {t.cos:.4f}"
+
+
+def describe(case: CheckCase) -> str:
     where = f"{case.kind} seed={case.seed} ctx={case.ctx}" + (f" step={case.step}" if case.step else "")
     bad = [t for t in case.tensors if not t.passed]
     if case.message and not bad:
@@ -60,10 +75,14 @@ class Checker:
     def __init__(self, task: Task, reference, candidate, device: torch.device):
         self.task, self.ref, self.cand, self.device = task, reference, candidate, device
 
-    def _candidate_step(self, hidden, state):
+    def poison(self, state) -> None:
+        """Fill what the candidate's next step must write with NaN (when its binding can)."""
         poison = getattr(self.cand, "poison", None)
         if poison is not None:
             poison(state)
+
+    def _candidate_step(self, hidden, state):
+        self.poison(state)
         out, st = self.cand.step(hidden, state)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -76,6 +95,11 @@ class Checker:
         reference_variants, e.g. the other side of a routing near-tie); the case names the variant.
         Variants are run only when the plain reference does not match (each is a whole reference step).
         """
+        broken = _not_finite(hidden, state)
+        if broken:
+            message = (f"the step's input (the candidate's own earlier output and state) is not finite in "
+                       f"{broken[:4]}: an earlier step wrote NaN or inf")
+            return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=message), hidden, state
         before = Task.clone_state(state)
         r_out, r_state = self.ref.step(hidden.clone(), Task.clone_state(state))
         c_out, c_state = self._candidate_step(hidden.clone(), state)
@@ -100,6 +124,10 @@ class Checker:
                          passed=passed, message=note)
         return case, c_out, c_state
 
+    def chained_case(self, kind: str, seed: int, ctx: int, hidden, state, step: int):
+        """A step from the candidate's own earlier state (continuation tolerance); returns (case, out, state)."""
+        return self._case(kind, seed, ctx, hidden, state, step, self.task.spec.continuation_slack)
+
     def _repeat(self, seed, ctx) -> CheckCase:
         hidden, state = self.task.make_inputs(seed, ctx, self.device)
         first = self._candidate_step(hidden.clone(), Task.clone_state(state))
@@ -121,7 +149,7 @@ class Checker:
         def done() -> CheckResult:
             failed = next((c for c in cases if not c.passed), None)
             return CheckResult(passed=failed is None, seeds=list(spec.fixed_seeds) + fresh, fresh_seeds=fresh,
-                               cases=cases, first_failure=_describe(failed) if failed else "",
+                               cases=cases, first_failure=describe(failed) if failed else "",
                                seconds=time.perf_counter() - t0)
 
         for seed, ctx in plan:
@@ -136,8 +164,7 @@ class Checker:
         seed, ctx = plan[len(plan) // 2]
         hidden, state = self.task.make_inputs(seed, ctx, self.device)
         for step in range(1, spec.continuation_steps + 1):
-            case, hidden, state = self._case("continuation", seed, ctx + step - 1, hidden, state, step,
-                                             spec.continuation_slack)
+            case, hidden, state = self.chained_case("continuation", seed, ctx + step - 1, hidden, state, step)
             cases.append(case)
             if not case.passed:
                 return done()

@@ -12,8 +12,12 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
+from pathlib import Path
+
+from .integrity import WeightGuard
 
 PROTOCOL_OUT = None
 
@@ -42,8 +46,10 @@ class Worker:
         self.arch = f"sm_{major}{minor}"
         self.reference = self.task.build_reference(self.device, weight_seed)
         self.baseline = self.task.build_baseline(self.reference)
+        self.guard = WeightGuard(self.reference)
         self.candidate_model = None
         self.kernels: dict = {}
+        self.cubin_dir = Path(tempfile.mkdtemp(prefix="mk-cubins-"))
         self.baseline_us: dict[int, list[float]] = {}
 
     def _candidate(self, kernel):
@@ -54,14 +60,26 @@ class Worker:
         return self.candidate_model
 
     def evaluate(self, req) -> tuple[dict, bool]:
-        """(EvalResult as dict, retire?)."""
+        """(EvalResult as dict, retire?). After a candidate ran, the worker's weights must be intact."""
+        from traces.results import Failure, FailureClass
+
+        result, retire = self._evaluate(req)
+        if self.candidate_model is not None and not retire and result["failure"] is None:
+            changed = self.guard.changed(reference=self.reference, candidate_model=self.candidate_model)
+            if changed:
+                why = f"the candidate wrote into memory it does not own: weights {changed[:4]} changed"
+                result["failure"] = Failure(cls=FailureClass.wrong, phase="integrity", message=why).model_dump()
+                retire = True
+        return result, retire
+
+    def _evaluate(self, req) -> tuple[dict, bool]:
         from traces.results import EvalResult, Failure, FailureClass
 
-        from .build import build_on_device
+        from .build import build_for_device
         from .candidate import Candidate, CandidateError
         from .checks import Checker
         from .profile import count_launches
-        from .timing import time_steps, timing_result
+        from .timing import time_candidate, time_steps, timing_result
 
         cand = Candidate(source=req.source, knobs=req.knobs)
         spec = self.task.spec
@@ -83,7 +101,7 @@ class Worker:
 
         send({"event": "phase", "phase": "build"})
         try:
-            build, kernel = build_on_device(self.task, cand, self.arch, key, self.kernels)
+            build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, self.cubin_dir)
             res.build, res.knobs = build, build.knobs
             if not build.ok:
                 res.failure = Failure(cls=FailureClass.build, phase="build", message=build.error)
@@ -99,8 +117,9 @@ class Worker:
                     res.failure = Failure(cls=FailureClass.build, phase="launch", message=str(e))
                     return res.model_dump(), False
                 raise
+            checker = Checker(self.task, self.reference, model, self.device)
             if req.check:
-                res.check = Checker(self.task, self.reference, model, self.device).run(req.fresh_seeds)
+                res.check = checker.run(req.fresh_seeds)
                 if not res.check.passed:
                     res.failure = Failure(cls=FailureClass.wrong, phase="check", message=res.check.first_failure)
                     return res.model_dump(), True
@@ -126,10 +145,16 @@ class Worker:
                 enter("time")
                 steps = req.steps_per_sample or tspec.steps_per_sample
                 for ctx in contexts:
-                    gpu, host = time_steps(self.task, model, ctx, 7, steps, req.samples or tspec.samples,
-                                           tspec.warmup_steps, self.device)
+                    gpu, host, checks = time_candidate(self.task, model, checker, ctx, steps,
+                                                       req.samples or tspec.samples, tspec.warmup_steps, self.device)
                     res.timings.append(timing_result(self.task, ctx, steps, gpu, host, self.info.copy_tbs,
-                                                     self.baseline_us.get(ctx) if req.baseline else None))
+                                                     self.baseline_us.get(ctx) if req.baseline else None, checks))
+                    bad = next((c for c in checks if not c.passed), None)
+                    if bad is not None:
+                        res.failure = Failure(cls=FailureClass.wrong, phase="time",
+                                              message=f"timed sample at ctx {ctx} (seed {bad.seed}, step "
+                                                      f"{bad.verified_step} checked): {bad.message}")
+                        return res.model_dump(), True
             enter("done")
             return res.model_dump(), False
         except Exception as e:  # noqa: BLE001 - classified below; the parent gets a result, never a hang

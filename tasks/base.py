@@ -51,8 +51,16 @@ class Task(ABC):
         """A model whose step launches `kernel` once, sharing the reference's weights."""
 
     @abstractmethod
+    def make_token(self, seed: int, device: torch.device) -> torch.Tensor:
+        """A step's input hidden vector (a token's embedding, as decoding feeds each step)."""
+
     def make_inputs(self, seed: int, ctx: int, device: torch.device) -> tuple[torch.Tensor, State]:
         """Hidden vector and decode state holding `ctx` tokens."""
+        return self.make_token(seed, device), self.make_state(seed, ctx, device)
+
+    @abstractmethod
+    def make_state(self, seed: int, ctx: int, device: torch.device) -> State:
+        """A decode state holding `ctx` tokens."""
 
     @abstractmethod
     def observables(self, hidden: torch.Tensor, state: State, ctx: int) -> dict[str, torch.Tensor]:

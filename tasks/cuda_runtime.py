@@ -143,14 +143,23 @@ class CompiledKernel:
 
 
 def compile_kernel(source: str, entry: str, options: tuple[str, ...]) -> CompiledKernel:
-    """Compile with NVRTC (cooperative groups on), load, and read resources and the launch contract.
-
-    Raises cupy's CompileException (with the compiler log) on a compile error.
-    """
+    """Compile with NVRTC in this process (cooperative groups on), load, and read resources and the launch
+    contract. Raises cupy's CompileException (with the compiler log) on a compile error."""
     import cupy
 
     module = cupy.RawModule(code=source, options=options, enable_cooperative_groups=True)
     module.compile()
+    return _loaded(module, entry)
+
+
+def load_kernel(cubin_path: str, entry: str) -> CompiledKernel:
+    """Load a cubin compiled elsewhere (the sandbox's confined compiler) and read its resources and contract."""
+    import cupy
+
+    return _loaded(cupy.RawModule(path=cubin_path), entry)
+
+
+def _loaded(module, entry: str) -> CompiledKernel:
     function = module.get_function(entry)
     handle = int(function.kernel.ptr)
     kernel = CompiledKernel(

@@ -39,11 +39,14 @@ class BuildResult(BaseModel):
     ok: bool
     key: str
     knobs: dict[str, int] = {}
-    log: str = ""
+    log: str = Field("", description="the compiler's log: diagnostics about the candidate, prelude or CUDA headers")
     seconds: float = 0.0
     cached: bool = False
     resources: Resources | None = None
+    spill_bytes: int = Field(0, description="ptxas spill stores + loads of the entry")
     error: str = ""
+    compiler: str = ""
+    confinement: str = Field("", description="how the compiler process was confined (Landlock) or why it was not")
 
 
 class TensorCheck(BaseModel):
@@ -58,7 +61,7 @@ class TensorCheck(BaseModel):
 
 
 class CheckCase(BaseModel):
-    kind: str = Field(description="step | repeat | continuation | swap")
+    kind: str = Field(description="step | repeat | continuation | swap | timed")
     seed: int
     ctx: int
     step: int = 0
@@ -77,6 +80,20 @@ class CheckResult(BaseModel):
     seconds: float = 0.0
 
 
+class SampleCheck(BaseModel):
+    """How one timed sample was verified: its untimed replay from the same inputs ended bit-identical, and the
+    step picked after the timed run matched the reference (sandbox/timing.py)."""
+
+    seed: int
+    start_ctx: int = Field(description="context of the chain's first (warm-up) step")
+    verified_step: int = Field(description="index in the chain (warm-up steps first) checked against the reference")
+    replay_identical: bool
+    passed: bool
+    worst: str = Field("", description="the checked step's tensor closest to its bound")
+    message: str = ""
+    case: CheckCase | None = Field(None, description="the checked step in full, kept when the sample failed")
+
+
 class TimingResult(BaseModel):
     ctx: int
     steps_per_sample: int
@@ -91,6 +108,7 @@ class TimingResult(BaseModel):
     baseline_median_us: float | None = None
     baseline_samples_us: list[float] = []
     speedup: float | None = None
+    sample_checks: list[SampleCheck] = Field([], description="per timed sample of a candidate: its verification")
 
 
 class LaunchCount(BaseModel):

@@ -118,8 +118,9 @@ class MegakernelModel(KimiBlocks):
         self.register_load_state_dict_post_hook(lambda module, _keys: module.weights_changed())
 
     def attach(self, kernel: CompiledKernel) -> MegakernelModel:
+        """Use `kernel` from the next step on (its weight copies are laid out afresh, the old ones freed)."""
         self._kernel = kernel
-        self._launcher = None
+        self.weights_changed()
         return self
 
     def _apply(self, fn, *args, **kwargs):

@@ -133,6 +133,8 @@ def routing_margin_ulps(moe: MoE, cfg, x: torch.Tensor) -> float:
         return float("inf")
     top = torch.topk(logits, cfg.n_active + 1).values
     kth, nxt = top[-2].item(), top[-1].item()
+    if not (math.isfinite(kth) and math.isfinite(nxt)):
+        return float("inf")   # garbage in (a candidate's non-finite state): no tie to resolve
     return (kth - nxt) / bf16_ulp(kth, nxt)
 
 

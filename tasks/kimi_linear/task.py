@@ -83,8 +83,11 @@ class KimiTask(Task):
     def build_candidate(self, reference, kernel: CompiledKernel):
         return sharing_weights(MegakernelModel, self.cfg, reference).attach(kernel)
 
-    def make_inputs(self, seed: int, ctx: int, device):
-        return init_token(self.cfg, seed, device), init_state(self.cfg, ctx, seed, device)
+    def make_token(self, seed: int, device):
+        return init_token(self.cfg, seed, device)
+
+    def make_state(self, seed: int, ctx: int, device):
+        return init_state(self.cfg, ctx, seed, device)
 
     def observables(self, hidden: torch.Tensor, state: State, ctx: int) -> dict[str, torch.Tensor]:
         obs = {"out": hidden}

@@ -51,9 +51,12 @@ class GemvTask(Task):
     def build_candidate(self, reference, kernel: CompiledKernel):
         return sharing_weights(binding.GemvKernelModel, self.cfg, reference).attach(kernel)
 
-    def make_inputs(self, seed: int, ctx: int, device):
+    def make_token(self, seed: int, device):
         g = torch.Generator(device=device).manual_seed(seed)
-        return torch.randn(self.cfg.hidden, device=device, generator=g).to(torch.bfloat16), []
+        return torch.randn(self.cfg.hidden, device=device, generator=g).to(torch.bfloat16)
+
+    def make_state(self, seed: int, ctx: int, device):
+        return []
 
     def observables(self, hidden: torch.Tensor, state: State, ctx: int) -> dict[str, torch.Tensor]:
         return {"out": hidden}

@@ -1,0 +1,40 @@
+"""The compiler process: NVRTC on one source, confined first (resource limits, Landlock), then judged by nothing.
+
+Started by sandbox.compiler with an allow-listed environment. Reads one JSON request on stdin and writes
+one JSON answer on stdout. NVRTC and its builtins library are loaded (by compiling an empty program)
+before the confinement, so that afterwards the process can read nothing but the include folders.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+
+
+def main() -> None:
+    req = json.loads(sys.stdin.read())
+    from .confinement import limit_resources, restrict_filesystem
+
+    limit_resources(req["memory_bytes"], req["cpu_seconds"])
+    from cupy_backends.cuda.libs import nvrtc
+
+    arch = [o for o in req["options"] if o.startswith("-arch=")]
+    warm = nvrtc.createProgram("", "warm_up.cu", [], [])
+    nvrtc.compileProgram(warm, arch)
+    nvrtc.destroyProgram(warm)
+    confinement = restrict_filesystem(req["include_dirs"])
+    prog = nvrtc.createProgram(req["source"], req["name"], [], [])
+    answer = {"confinement": confinement, "nvrtc": ".".join(map(str, nvrtc.getVersion()))}
+    try:
+        nvrtc.compileProgram(prog, [*req["options"], *(f"-I{d}" for d in req["include_dirs"])])
+        answer |= {"ok": True, "cubin": base64.b64encode(nvrtc.getCUBIN(prog)).decode()}
+    except nvrtc.NVRTCError as e:
+        answer |= {"ok": False, "error": str(e)}
+    answer["log"] = nvrtc.getProgramLog(prog)
+    sys.stdout.write(json.dumps(answer))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
