@@ -203,7 +203,7 @@ class Session:
 
     def run(self) -> SessionSummary:
         reason = "budget"
-        self.rec = Recorder(self.trace_path, known_sources=set(self.resume.sources) if self.resume else None)
+        self.rec = Recorder(self.trace_path)
         try:
             self._record(self._start_event())
             if self.resume:
