@@ -2,19 +2,30 @@
 leaves a trace that loads, and orphans no process.
 
 Traces: torn last lines, a torn multi-byte character, disk full mid-write, an interrupt mid-line, two
-writers.
+writers. Workers (the fake worker speaking the real protocol): malformed messages, garbage before "ready",
+an interrupt mid-request or mid-shutdown, the session killed outright, logs of an earlier evaluator.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+import sandbox.pool as pool_mod
 import traces.recorder as recorder_mod
+from sandbox.candidate import Candidate
+from sandbox.pool import Evaluator, WorkerStartError
+from sandbox.protocol import PhaseTimeouts
 from traces.loader import TraceError, load
 from traces.recorder import Recorder, TraceInUse, TraceWriteError
+from traces.results import FailureClass
 from traces.schema import PlannerError
 
 from .trace_fixtures import write_session
@@ -133,3 +144,144 @@ def test_an_interrupt_mid_line_leaves_no_torn_line(tmp_path, monkeypatch):
             rec.record(note(1))
     trace = load(path)
     assert [e.id for e in trace.events] == ["n0"] and not trace.warnings
+
+
+# ---- workers -----------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUTS = PhaseTimeouts(startup=30, build=10, check=600, time=10)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped has stopped running)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    """Running processes in process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def wait_until(cond, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def fake_evaluator(tmp_path, **kw) -> Evaluator:
+    env = {"FAKE_WORKER_PIDFILE": str(tmp_path / "pids")} | kw.pop("extra_env", {})
+    return Evaluator("fake", work_dir=tmp_path / "sandbox", worker_module="tests.fake_worker",
+                     timeouts=kw.pop("timeouts", TIMEOUTS), extra_env=env, **kw)
+
+
+@pytest.mark.parametrize("behaviour, problem", [
+    ("GARBAGE", "not JSON"), ("NO_EVENT", "without its 'event'"), ("UNKNOWN_EVENT", "unknown event 'gossip'"),
+    ("BAD_RESULT", "invalid 'result' message"), ("FATAL_MIDWAY", "unexpected 'fatal'"),
+])
+def test_a_malformed_worker_message_is_a_retryable_infra_failure_and_a_fresh_worker_follows(
+        tmp_path, behaviour, problem):
+    with fake_evaluator(tmp_path) as ev:
+        first = ev.evaluate(Candidate(source="fine"))
+        group = ev._worker.proc.pid
+        bad = ev.evaluate(Candidate(source=behaviour))
+        assert bad.failure.cls == FailureClass.infra and bad.failure.retryable
+        assert bad.failure.phase == "check" and problem in bad.failure.message
+        assert wait_until(lambda: not group_members(group))
+        again = ev.evaluate(Candidate(source="fine"))
+        assert again.ok and again.worker_pid != first.worker_pid
+
+
+def test_garbage_before_ready_is_a_start_error(tmp_path):
+    with fake_evaluator(tmp_path, extra_env={"FAKE_WORKER_GARBAGE_START": "1"}) as ev:
+        with pytest.raises(WorkerStartError, match="not JSON.*before 'ready'"):
+            ev.start()
+        res = ev.evaluate(Candidate(source="fine"))
+    assert res.failure.cls == FailureClass.infra and res.failure.phase == "startup" and res.failure.retryable
+
+
+def test_worker_logs_of_an_earlier_evaluator_are_kept(tmp_path):
+    for _ in range(2):
+        with fake_evaluator(tmp_path) as ev:
+            ev.evaluate(Candidate(source="DIE"))  # a log worth keeping: the crash is in it
+            ev.evaluate(Candidate(source="fine"))
+    logs = sorted(p.name for p in (tmp_path / "sandbox").glob("worker-*.log"))
+    assert logs == ["worker-1.log", "worker-2.log", "worker-3.log", "worker-4.log"]
+
+
+def test_an_interrupt_mid_request_kills_the_worker_group(tmp_path, monkeypatch):
+    ev = fake_evaluator(tmp_path)
+    ev.start()
+    group = ev._worker.proc.pid
+    real_read = pool_mod._Worker.read
+
+    def read(self, deadline):
+        msg = real_read(self, deadline)
+        if getattr(msg, "phase", "") == "check":
+            raise KeyboardInterrupt
+        return msg
+
+    monkeypatch.setattr(pool_mod._Worker, "read", read)
+    with pytest.raises(KeyboardInterrupt):
+        ev.evaluate(Candidate(source="fine"))
+    assert ev._worker is None and wait_until(lambda: not group_members(group))
+
+
+def test_a_second_ctrl_c_while_closing_still_kills_the_worker_group(tmp_path, monkeypatch):
+    ev = fake_evaluator(tmp_path)
+    ev.start()
+    group = ev._worker.proc.pid
+
+    def interrupted_wait(self, timeout=None):
+        monkeypatch.undo()  # the kill that follows must be able to wait
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess.Popen, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        ev.close()
+    assert wait_until(lambda: not group_members(group))
+
+
+PARENT = """
+import sys
+sys.path.insert(0, {root!r})
+from sandbox.candidate import Candidate
+from sandbox.pool import Evaluator
+from sandbox.protocol import PhaseTimeouts
+ev = Evaluator("fake", work_dir={work!r}, worker_module="tests.fake_worker",
+               timeouts=PhaseTimeouts(startup=30, build=10, check=600, time=10),
+               extra_env={{"FAKE_WORKER_PIDFILE": {pids!r}}})
+ev.evaluate(Candidate(source="HANG_CHECK"))
+"""
+
+
+def test_a_session_killed_outright_takes_its_hung_worker_and_grandchild_with_it(tmp_path):
+    pids = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(root=str(ROOT), work=str(tmp_path / "sb"),
+                                                                   pids=str(pids))])
+    try:
+        assert wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30)
+        worker, grandchild = (int(p) for p in pids.read_text().split())
+        group = os.getpgid(worker)
+        assert alive(worker) and alive(grandchild) and group != os.getpgid(0)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        assert wait_until(lambda: not group_members(group), 5), f"left alive: {group_members(group)}"
+    finally:
+        parent.kill()
+        parent.wait()
