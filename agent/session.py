@@ -239,6 +239,7 @@ class Session:
         (before anything is written), or when the starting kernel is not usable.
         """
         self._open()
+        error, reason = None, "stopped"
         with self.signals:
             try:
                 reason = self._measure_and_loop()
@@ -246,26 +247,28 @@ class Session:
                 reason = reason_for(e.signum if isinstance(e, Interrupted) else signal.SIGINT)
             except (TraceWriteError, OSError) as e:
                 reason = f"stopped: {e}"
-            except StartError as e:
-                self._close(SessionEnd(best_id="", reason=f"start failed: {e}"))
-                raise
-            except BaseException as e:
-                self._close(SessionEnd(best_id=self.best.id if self.best else "",
-                                       reason=f"crashed: {type(e).__name__}: {e}"))
-                raise
-            return self._finish(reason)
+            except BaseException as e:  # a StartError, or a bug: recorded and cleaned up, then raised
+                error = e
+                reason = f"start failed: {e}" if isinstance(e, StartError) else f"crashed: {type(e).__name__}: {e}"
+            finally:
+                self.signals.cleaning = True  # from here on no signal is raised: cleanup runs to its end
+                summary = self._finish(reason)
+        if error is not None:
+            raise error
+        return summary
 
     def _open(self) -> None:
         """Check the folder and the task, start the evaluator, then hold the trace. On refusal nothing is
         written, a folder made here is removed again, and the evaluator is closed."""
-        made = None
+        made = False
         try:
             check_out_dir(self.out_dir, self.trace_path if self.resume else None, getattr(self.ev, "work_dir", None))
             if self.resume:
                 check_same_task(self.resume, self.task.spec)
             self.device = self.ev.start()
-            made = not self.out_dir.exists()
+            fresh = not self.out_dir.exists()
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            made = fresh
             try:
                 self.rec = Recorder(self.trace_path)
             except TraceInUse as e:
@@ -410,7 +413,6 @@ class Session:
     def _close(self, end: SessionEnd) -> str:
         """Record `end` (once, if the session start was recorded), then stop the worker and release the trace
         whatever happens meanwhile. Returns a note for the summary when `end` could not be written."""
-        self.signals.cleaning = True
         note = ""
         try:
             if self._start_recorded:
