@@ -45,14 +45,14 @@ def note(i: int) -> PlannerError:
     return PlannerError(id=f"n{i}", planner="x", message=f"event {i} µs")
 
 
-def failing_writes(monkeypatch, after: int, error: BaseException, fixed: list | None = None):
-    """From the `after`-th write on, write half the line and raise `error` (until `fixed` is non-empty)."""
+def failing_writes(monkeypatch, after: int, error: BaseException, times: int | None = None):
+    """Writes after the first `after` write half their line and raise `error` (`times` of them, or all)."""
     real = recorder_mod._write_all
     count = {"n": 0}
 
     def write(fd, data):
         count["n"] += 1
-        if count["n"] <= after or fixed:
+        if count["n"] <= after or (times is not None and count["n"] > after + times):
             return real(fd, data)
         real(fd, data[: len(data) // 2])
         raise error
@@ -111,8 +111,7 @@ def test_a_second_writer_is_refused_and_told_who_holds_the_trace(tmp_path):
 
 def test_disk_full_mid_line_leaves_every_earlier_event_and_no_torn_line(tmp_path, monkeypatch):
     path = tmp_path / "trace.jsonl"
-    fixed: list = []
-    failing_writes(monkeypatch, after=3, error=OSError(errno.ENOSPC, "No space left on device"), fixed=fixed)
+    failing_writes(monkeypatch, after=3, error=OSError(errno.ENOSPC, "No space left on device"), times=1)
     with Recorder(path) as rec:
         for i in range(3):
             rec.record(note(i))
@@ -120,8 +119,7 @@ def test_disk_full_mid_line_leaves_every_earlier_event_and_no_torn_line(tmp_path
             rec.record(note(3))
         trace = load(path)
         assert [e.id for e in trace.events] == ["n0", "n1", "n2"] and not trace.warnings
-        fixed.append(True)  # space freed: the same writer goes on
-        rec.record(note(4))
+        rec.record(note(4))  # space freed: the same writer goes on
     assert [e.id for e in load(path).events] == ["n0", "n1", "n2", "n4"]
 
 
@@ -185,6 +183,23 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def started_by(work_dir: Path) -> list[int]:
+    """Running processes of an evaluator on `work_dir` (lifeline, worker, their children): its worker
+    environment names work_dir's CuPy cache."""
+    mark = f"CUPY_CACHE_DIR={work_dir / 'cupy-cache'}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in environ and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def wait_until(cond, seconds: float = 10.0) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -208,7 +223,7 @@ def test_a_malformed_worker_message_is_a_retryable_infra_failure_and_a_fresh_wor
         tmp_path, behaviour, problem):
     with fake_evaluator(tmp_path) as ev:
         first = ev.evaluate(Candidate(source="fine"))
-        group = ev._worker.proc.pid
+        group = os.getpgid(first.worker_pid)
         bad = ev.evaluate(Candidate(source=behaviour))
         assert bad.failure.cls == FailureClass.infra and bad.failure.retryable
         assert bad.failure.phase == "check" and problem in bad.failure.message
@@ -236,8 +251,7 @@ def test_worker_logs_of_an_earlier_evaluator_are_kept(tmp_path):
 
 def test_an_interrupt_mid_request_kills_the_worker_group(tmp_path, monkeypatch):
     ev = fake_evaluator(tmp_path)
-    ev.start()
-    group = ev._worker.proc.pid
+    group = os.getpgid(ev.evaluate(Candidate(source="fine")).worker_pid)
     real_read = pool_mod._Worker.read
 
     def read(self, deadline):
@@ -249,13 +263,12 @@ def test_an_interrupt_mid_request_kills_the_worker_group(tmp_path, monkeypatch):
     monkeypatch.setattr(pool_mod._Worker, "read", read)
     with pytest.raises(KeyboardInterrupt):
         ev.evaluate(Candidate(source="fine"))
-    assert ev._worker is None and wait_until(lambda: not group_members(group))
+    assert wait_until(lambda: not group_members(group))
 
 
 def test_a_second_ctrl_c_while_closing_still_kills_the_worker_group(tmp_path, monkeypatch):
     ev = fake_evaluator(tmp_path)
-    ev.start()
-    group = ev._worker.proc.pid
+    group = os.getpgid(ev.evaluate(Candidate(source="fine")).worker_pid)
 
     def interrupted_wait(self, timeout=None):
         monkeypatch.undo()  # the kill that follows must be able to wait
@@ -270,9 +283,7 @@ def test_a_second_ctrl_c_while_closing_still_kills_the_worker_group(tmp_path, mo
 PARENT = """
 import sys
 sys.path.insert(0, {root!r})
-from agent.errors import ResumeMismatch, RunFolderInUse
-from agent.session import Session
-from sandbox.candidate import Candidate, with_knob_defaults
+from sandbox.candidate import Candidate
 from sandbox.pool import Evaluator
 from sandbox.protocol import PhaseTimeouts
 ev = Evaluator("fake", work_dir={work!r}, worker_module="tests.fake_worker",
@@ -368,7 +379,7 @@ def test_a_ctrl_c_during_cleanup_does_not_cut_it_short(tmp_path, tags, reason):
 
 
 def test_disk_full_at_any_event_ends_the_session_cleanly_with_every_written_event_readable(tmp_path, monkeypatch):
-    clean = make_session(tmp_path / "clean", plan(FAST, SLOW, "wrong"))
+    clean = make_session(tmp_path / "clean", plan(FAST, SLOW, "same"))
     clean.run()
     total = len(load(tmp_path / "clean" / "trace.jsonl").events)
     for n in range(total):
@@ -376,12 +387,13 @@ def test_disk_full_at_any_event_ends_the_session_cleanly_with_every_written_even
         with monkeypatch.context() as m:
             written = recording(m)
             failing_writes(m, after=n, error=OSError(errno.ENOSPC, "No space left on device"))
-            s = make_session(out, plan(FAST, SLOW, "wrong"))
+            s = make_session(out, plan(FAST, SLOW, "same"))
             summary = s.run()
         assert "No space left" in summary.reason, n
         assert summary.reason.startswith("stopped:") or n == total - 1  # the session_end itself failed
         assert "session_end not written" in summary.reason or n == 0  # no session_start: no session_end either
-        assert s.ev.closed and s.rec._fd == -1
+        assert s.ev.closed
+        Recorder(out / "trace.jsonl").close()  # the trace was released
         trace = load(out / "trace.jsonl")
         assert trace.events == written and len(written) == n and not trace.warnings
         kept = [e.id for e in written if e.type == "decision" and e.kept]
@@ -393,18 +405,9 @@ def test_disk_full_at_any_event_ends_the_session_cleanly_with_every_written_even
             assert (out / "best.cu").read_text() == with_knob_defaults(source, knobs), n
 
 
-def test_disk_full_then_space_again_still_records_session_end(tmp_path, monkeypatch):
-    fixed: list = []
-    failing_writes(monkeypatch, after=6, error=OSError(errno.ENOSPC, "No space left on device"), fixed=fixed)
-    s = make_session(tmp_path, plan(FAST, SLOW))
-    real_finish = s._finish
-
-    def finish(reason):
-        fixed.append(True)  # something freed space while the session wound down
-        return real_finish(reason)
-
-    s._finish = finish
-    summary = s.run()
+def test_a_write_failing_once_ends_the_session_and_session_end_is_still_recorded(tmp_path, monkeypatch):
+    failing_writes(monkeypatch, after=6, error=OSError(errno.ENOSPC, "No space left on device"), times=1)
+    summary = make_session(tmp_path, plan(FAST, SLOW)).run()
     trace = load(tmp_path / "trace.jsonl")
     assert trace.events[-1].type == "session_end" and trace.events[-1].reason == summary.reason
     assert summary.reason.startswith("stopped:") and "No space left" in summary.reason
@@ -472,10 +475,10 @@ def test_resuming_another_tasks_trace_is_refused_before_anything_is_written(tmp_
                     resume=trace)
     with pytest.raises(ResumeMismatch, match="records task kimi_linear \\(small\\), not w4a16_gemv \\(full\\)"):
         other.run()
-    small_elsewhere = Session(TASK, plan(), FakeSandbox(by_tag), 60.0, tmp_path / "run", resume=trace)
-    small_elsewhere.task = get_task("kimi_linear", "full")
-    with pytest.raises(ResumeMismatch):
-        small_elsewhere.run()
+    other_size = Session(get_task("kimi_linear", "full"), plan(), FakeSandbox(by_tag), 60.0, tmp_path / "elsewhere",
+                         resume=trace)
+    with pytest.raises(ResumeMismatch, match="not kimi_linear \\(full\\)"):
+        other_size.run()
     assert snapshot(tmp_path) == before and not (tmp_path / "elsewhere").exists()
 
 
@@ -511,7 +514,7 @@ def test_an_infra_failure_is_retried_once_on_the_spot(tmp_path):
     def script(cand, opts):
         tag = cand.source[len(SRC):]
         tries[tag] = tries.get(tag, 0) + 1
-        if tag == "flaky" and tries[tag] == 1 or tag == "broken":
+        if (tag == "flaky" and tries[tag] == 1) or tag == "broken":
             return failed(cand, FailureClass.infra, "startup", "worker did not start", retryable=True)
         return by_tag(cand, opts)
 
@@ -570,7 +573,7 @@ def test_a_session_goes_on_past_malformed_worker_messages(tmp_path):
     summary = s.run()
     trace = load(tmp_path / "run" / "trace.jsonl")
     assert [a.outcome for a in trace.attempts()] == ["infra", "infra", "slower"]  # fake results have no timings
-    assert summary.reason.startswith("planner finished") and ev._worker is None
+    assert summary.reason.startswith("planner finished") and wait_until(lambda: not started_by(ev.work_dir))
 
 
 SESSION = """
@@ -597,6 +600,7 @@ def test_a_signalled_session_process_ends_cleanly_and_stops_its_hung_worker(tmp_
     try:
         assert wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2, 60)
         group = os.getpgid(int(pids.read_text().split()[0]))
+        assert len(started_by(out / "sandbox")) == 3  # lifeline, worker, grandchild
         for sig in signals:
             proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=30)
@@ -607,4 +611,4 @@ def test_a_signalled_session_process_ends_cleanly_and_stops_its_hung_worker(tmp_
     assert proc.returncode == 0 and stdout.strip() == expected, stderr
     trace = load(out / "trace.jsonl")
     assert trace.events[-1].type == "session_end" and trace.events[-1].reason == expected
-    assert wait_until(lambda: not group_members(group), 5)
+    assert wait_until(lambda: not group_members(group) and not started_by(out / "sandbox"), 5)
