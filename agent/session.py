@@ -1,8 +1,9 @@
 """A time-boxed optimization session: measure, then propose -> build -> evaluate -> keep or revert.
 
-Every step is recorded the moment it happens. The session ends within its budget (every phase
-timeout is capped by what is left, a hung kernel is killed at the deadline), on Ctrl-C, or when the
-planner has nothing left to try; it then writes best.cu, the trace's session_end and a report.
+Every step is recorded the moment it happens, and best.cu is replaced whenever the best changes. The
+session ends within its budget (every phase timeout is capped by what is left, a hung kernel is killed at
+the deadline), on Ctrl-C or SIGTERM, when the trace cannot be written (disk full), or when the planner has
+nothing left to try; it then records session_end, stops the worker and releases the trace.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from pydantic import BaseModel
 from sandbox.candidate import Candidate, parse_knobs, with_knob_defaults
 from tasks.base import ROOT, Task
 from traces.loader import Trace
-from traces.recorder import Recorder
+from traces.recorder import Recorder, TraceInUse, TraceWriteError
 from traces.results import EvalResult, Failure, FailureClass
 from traces.schema import (
     Build,
@@ -42,15 +44,22 @@ from traces.schema import (
 )
 
 from .budget import Budget
-from .decision import RULE, judge
-from .planners.base import AttemptSummary, Planner, PlannerExhausted, PlannerFailure, PlannerView
+from .decision import RULE, Verdict, judge
+from .errors import RunFolderInUse, StartError
+from .interrupts import Interrupted, SessionSignals, reason_for
+from .planners.base import (
+    AttemptSummary,
+    PlannedVersion,
+    Planner,
+    PlannerExhausted,
+    PlannerFailure,
+    PlannerView,
+)
+from .resume import Retry, check_same_task, retries
+from .run_folder import check_out_dir, write_best
 
 END_MARGIN_S = 5.0          # stop proposing when less than this is left
 MAX_PLANNER_FAILURES = 5    # consecutive planner failures that end the session
-
-
-class StartError(RuntimeError):
-    """The starting kernel is not correct (or could not be evaluated): nothing to optimize from."""
 
 
 @dataclass
@@ -107,25 +116,31 @@ def _us(res: EvalResult) -> dict[int, float]:
 
 
 class Session:
+    """One session over `out_dir` (see agent.run_folder for which folders it accepts). It owns `evaluator`:
+    whatever ends the session, the evaluator is closed and the trace released."""
+
     def __init__(self, task: Task, planner: Planner, evaluator, budget_s: float, out_dir: Path,
                  start_source: str | None = None, start_knobs: dict[str, int] | None = None,
                  resume: Trace | None = None, on_progress=None):
         self.task, self.planner, self.ev = task, planner, evaluator
         self.budget = Budget(budget_s)
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.trace_path = Path(resume.path) if resume else self.out_dir / "trace.jsonl"
         self.start_source = start_source if start_source is not None else task.seed_source()
         self.start_knobs = dict(start_knobs or {})
         self.on_progress = on_progress or (lambda **_: None)
         self.history: list[AttemptSummary] = []
+        self.retries: list[Retry] = []
         self.phase_seconds: Counter = Counter()
         self.llm_total = LlmUsage(model="", calls=0)
         self.counter = 0
         self.best: Version | None = None
         self.seed: Version | None = None
         self.rec: Recorder | None = None
+        self.device = None
+        self.signals = SessionSignals()
+        self._start_recorded = False
         self.planner.on_error = self._planner_error
 
     # ---- recording helpers -------------------------------------------------------------------
@@ -140,6 +155,11 @@ class Session:
         self.counter += 1
         return f"{prefix}{self.counter}"
 
+    def _set_best(self, version: Version) -> None:
+        """The best changed: best.cu follows at once, so a session that dies later still leaves it."""
+        self.best = version
+        write_best(self.out_dir, with_knob_defaults(version.source, version.knobs))
+
     def _view(self) -> PlannerView:
         spec = self.task.spec
         b = self.best
@@ -152,7 +172,16 @@ class Session:
             history=self.history, budget_left_s=self.budget.remaining(),
         )
 
-    def _evaluate(self, cand: Candidate, **options) -> EvalResult:
+    def _evaluate(self, label: str, cand: Candidate, **options) -> EvalResult:
+        """Evaluate `cand`; a failure marked retryable (our side broke) is retried once at once, on a fresh
+        worker (the evaluator retires a worker after one), its first try recorded as `<label>~retried`."""
+        res = self._evaluate_once(cand, **options)
+        if res.failure is not None and res.failure.retryable:
+            self._record(Evaluate(id=f"{label}~retried", result=res))
+            res = self._evaluate_once(cand, **options)
+        return res
+
+    def _evaluate_once(self, cand: Candidate, **options) -> EvalResult:
         res = self.ev.evaluate(cand, deadline=self.budget.deadline(), **options)
         for phase, secs in res.phase_seconds.items():
             self.phase_seconds[phase] += secs
@@ -161,16 +190,16 @@ class Session:
     # ---- the session -------------------------------------------------------------------------
 
     def _start_event(self) -> SessionStart:
-        device = self.ev.start()
         spec = self.task.spec
         return SessionStart(
             session_id=uuid.uuid4().hex[:12], task=spec.name, size=spec.size, task_spec=spec.model_dump(mode="json"),
             planner=self.planner.name, planner_settings=self.planner.settings(), budget_s=self.budget.total,
-            environment=environment(device), resumed_from=self.resume.start.session_id if self.resume else None,
+            environment=environment(self.device), resumed_from=self.resume.start.session_id if self.resume else None,
         )
 
-    def _restore(self) -> tuple[str, dict[str, int]]:
-        """From a trace being resumed: the history, the id counter and the best version's source and knobs."""
+    def _restore(self) -> tuple[str, dict[str, int], str]:
+        """From a trace being resumed: the history, the id counter, the attempts to retry and the best version's
+        source, knobs and id."""
         tr = self.resume
         best_id = tr.measure.id if tr.measure else None
         for a in tr.attempts():
@@ -183,6 +212,7 @@ class Session:
             if a.decision and a.decision.kept:
                 best_id = p.id
         self.counter = sum(1 for e in tr.events if e.type in ("proposal", "planner_error"))
+        self.retries = retries(tr)
         if best_id is None:
             raise StartError(f"{tr.path} has no measured starting kernel to resume from")
         return tr.version(best_id) + (best_id,)
@@ -190,7 +220,7 @@ class Session:
     def _measure(self, vid: str, source: str, knobs: dict[str, int]) -> Version:
         cand = Candidate(source=source, knobs=knobs)
         self.on_progress(step=f"measuring {vid}")
-        res = self._evaluate(cand)
+        res = self._evaluate(vid, cand)
         self._record(Measure(id=vid, source_sha=cand.source_sha, source=source, knobs=res.knobs or knobs,
                              result=res))
         if not res.ok:
@@ -202,29 +232,77 @@ class Session:
         return Version(vid, source, res.knobs or knobs, res)
 
     def run(self) -> SessionSummary:
-        reason = "budget"
-        self.rec = Recorder(self.trace_path, known_sources=set(self.resume.sources) if self.resume else None)
+        """Measure, then propose until the budget, the planner, a signal (SIGINT/SIGTERM) or a failed write
+        (disk full) ends the session; each of those ends it cleanly: session_end, worker stopped, trace released.
+
+        Raises a StartError when the folder holds another run, the resumed trace is another task's or in use
+        (before anything is written), or when the starting kernel is not usable.
+        """
+        self._open()
+        error, reason = None, "stopped"
+        with self.signals:
+            try:
+                reason = self._measure_and_loop()
+            except KeyboardInterrupt as e:
+                reason = reason_for(e.signum if isinstance(e, Interrupted) else signal.SIGINT)
+            except (TraceWriteError, OSError) as e:
+                reason = f"stopped: {e}"
+            except BaseException as e:  # a StartError, or a bug: recorded and cleaned up, then raised
+                error = e
+                reason = f"start failed: {e}" if isinstance(e, StartError) else f"crashed: {type(e).__name__}: {e}"
+            finally:
+                self.signals.cleaning = True  # from here on no signal is raised: cleanup runs to its end
+                summary = self._finish(reason)
+        if error is not None:
+            raise error
+        return summary
+
+    def _open(self) -> None:
+        """Check the folder and the task, start the evaluator, then hold the trace. On refusal nothing is
+        written, a folder made here is removed again, and the evaluator is closed."""
+        made = False
         try:
-            self._record(self._start_event())
+            check_out_dir(self.out_dir, self.trace_path if self.resume else None, getattr(self.ev, "work_dir", None))
             if self.resume:
-                source, knobs, best_id = self._restore()
-                self.best = self._measure(f"{best_id}@resume", source, knobs)
-                self.best.id = best_id
-            else:
-                self.best = self._measure("seed", self.start_source, self.start_knobs)
-            self.seed = self.best
-            reason = self._loop()
-        except KeyboardInterrupt:
-            reason = "interrupted (Ctrl-C)"
-        except StartError as e:
-            self._record(SessionEnd(best_id="", reason=f"start failed: {e}"))
-            self.rec.close()
+                check_same_task(self.resume, self.task.spec)
+            self.device = self.ev.start()
+            fresh = not self.out_dir.exists()
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            made = fresh
+            try:
+                self.rec = Recorder(self.trace_path)
+            except TraceInUse as e:
+                raise RunFolderInUse(str(e)) from e
+            if self.resume:
+                self.resume = self.rec.existing  # read again under the lock: what the trace holds now
+        except BaseException:
+            if made and not any(self.out_dir.iterdir()):
+                self.out_dir.rmdir()
+            self.ev.close()
             raise
-        return self._finish(reason)
+
+    def _measure_and_loop(self) -> str:
+        self._record(self._start_event())
+        self._start_recorded = True
+        if self.resume:
+            source, knobs, best_id = self._restore()
+            version = self._measure(f"{best_id}@resume", source, knobs)
+            version.id = best_id
+        else:
+            version = self._measure("seed", self.start_source, self.start_knobs)
+        self._set_best(version)
+        self.seed = version
+        return self._loop()
 
     def _loop(self) -> str:
         planner_failures = 0
         while self.budget.remaining() > END_MARGIN_S:
+            if self.signals.received is not None:  # an interrupt that a callee swallowed
+                return reason_for(self.signals.received)
+            if self.retries:
+                retry = self.retries.pop(0)
+                self._attempt(self._next_id(), retry.planned, retry.parent_id, retry.retry_of)
+                continue
             self.on_progress(step="planning", best=self.best, budget=self.budget)
             pid = self._next_id()
             try:
@@ -241,7 +319,7 @@ class Session:
                 continue
             planner_failures = 0
             self._add_usage(planned.llm)
-            self._attempt(pid, planned)
+            self._attempt(pid, planned, self.best.id)
         return "budget"
 
     def _add_usage(self, usage: LlmUsage | None) -> None:
@@ -249,62 +327,70 @@ class Session:
             self.llm_total.calls += usage.calls
             self.llm_total.cost_usd += usage.cost_usd
 
-    def _attempt(self, pid: str, planned) -> None:
+    def _attempt(self, pid: str, planned: PlannedVersion, parent_id: str, retry_of: str | None = None) -> None:
         cand = Candidate(source=planned.source, knobs=planned.knobs)
-        self._record(Proposal(id=pid, parent_id=self.best.id, planner=self.planner.name,
+        self._record(Proposal(id=pid, parent_id=parent_id, planner=self.planner.name,
                               hypothesis=planned.hypothesis, predicted_change=planned.predicted_change,
                               source_sha=cand.source_sha, source=planned.source, knobs=planned.knobs,
-                              llm=planned.llm))
+                              llm=planned.llm, retry_of=retry_of))
         self.on_progress(step=f"{pid}: {planned.hypothesis[:60]}", best=self.best, budget=self.budget)
-        res = self._evaluate(cand)
+        res = self._evaluate(pid, cand)
         if res.build is not None:
             self._record(Build(id=pid, result=res.build))
         self._record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
+        failure = res.failure
         verdict = judge(self.best.result, res)
         if verdict.kept:
-            verdict = self._confirm(pid, cand, res)
+            verdict, failure = self._confirm(pid, cand, res)
         kept = verdict.kept
-        if res.failure is not None:
-            self._record(FailureEvent(id=pid, failure=res.failure))
-        elif not kept:
-            self._record(FailureEvent(id=pid, failure=Failure(cls=FailureClass.slower, phase="decision",
-                                                              message=verdict.reason)))
-        outcome = verdict.reason if res.failure is None else f"{res.failure.cls.value}: {res.failure.message[:200]}"
-        if kept:
-            self.best = Version(pid, planned.source, res.knobs or planned.knobs, res)
+        if failure is None and not kept:
+            failure = Failure(cls=FailureClass.slower, phase="decision", message=verdict.reason)
+        if failure is not None:
+            self._record(FailureEvent(id=pid, failure=failure))
+        outcome = (f"{failure.cls.value}: {failure.message[:200]}"
+                   if failure is not None and failure.cls != FailureClass.slower else verdict.reason)
+        version = Version(pid, planned.source, res.knobs or planned.knobs, res) if kept else self.best
         self._record(Decision(id=pid, kept=kept, rule=RULE, reason=verdict.reason, ratio=verdict.ratio,
                               ratio_low=verdict.low, ratio_high=verdict.high,
-                              prediction=planned.predicted_change, outcome=outcome, best_id=self.best.id))
+                              prediction=planned.predicted_change, outcome=outcome, best_id=version.id))
+        if kept:
+            self._set_best(version)
         r = res.build.resources if res.build and res.build.resources else None
         self.history.append(AttemptSummary(
             id=pid, hypothesis=planned.hypothesis, knobs=planned.knobs, source_sha=cand.source_sha,
-            outcome="kept" if kept else (res.failure.cls.value if res.failure else "slower"),
-            message=res.failure.message[:500] if res.failure else verdict.reason, us_per_ctx=_us(res),
+            outcome="kept" if kept else failure.cls.value,
+            message=failure.message[:500] if failure else verdict.reason, us_per_ctx=_us(res),
             registers=r.registers if r else None, local_bytes=r.local_bytes if r else None,
             roofline=max((t.roofline for t in res.timings), default=None)))
 
-    def _confirm(self, pid: str, cand: Candidate, res: EvalResult):
+    def _confirm(self, pid: str, cand: Candidate, res: EvalResult) -> tuple[Verdict, Failure | None]:
         """A first win is re-timed interleaved with the best (A B A B) so drift cannot fake a gain.
 
-        The re-timings are recorded as Evaluate events with ids like `p3~confirm-best-1`.
+        The re-timings are recorded as Evaluate events with ids like `p3~confirm-best-1`. A re-timing that
+        fails (a hang, a crash) is the attempt's failure with its own class; when it was the best's re-timing
+        that failed, the candidate is not to blame and the failure is marked retryable.
         """
         best_c = Candidate(source=self.best.source, knobs=self.best.knobs)
         a, b = [], []
         for i in range(1, 3):
             for runs, which, c in ((a, "best", best_c), (b, "candidate", cand)):
-                r = self._evaluate(c, check=False, baseline=False)
-                self._record(Evaluate(id=f"{pid}~confirm-{which}-{i}", result=r.model_copy(update={"build": None})))
+                label = f"{pid}~confirm-{which}-{i}"
+                r = self._evaluate(label, c, check=False, baseline=False)
+                self._record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
+                if not r.ok:
+                    f = r.failure
+                    failure = f.model_copy(update={"phase": f"confirm ({which} re-timing): {f.phase}",
+                                                   "retryable": f.retryable or which == "best"})
+                    return Verdict(kept=False, reason=f"{f.cls.value} while confirming ({which} re-timing): "
+                                                      f"{f.message[:300]}"), failure
                 runs.append(r)
-        if any(not r.ok for r in a + b):
-            bad = next(r for r in a + b if not r.ok)
-            return judge(self.best.result, bad)
         merged_best = _merge_timings(self.best.result, a)
         merged_cand = _merge_timings(res, b)
         verdict = judge(merged_best, merged_cand)
         verdict.reason = "confirmed interleaved: " + verdict.reason
         if verdict.kept:
             res.timings = merged_cand.timings
-        return verdict
+        return verdict, None
 
     def _finish(self, reason: str) -> SessionSummary:
         best, seed = self.best, self.seed
@@ -317,16 +403,28 @@ class Session:
             if seed else {},
             seconds_by_phase=dict(self.phase_seconds), llm_cost_usd=self.llm_total.cost_usd,
         )
-        if best:
-            (self.out_dir / "best.cu").write_text(with_knob_defaults(best.source, best.knobs))
         line = (f"{summary.tried} tried, {summary.kept} kept; best {summary.best_id} "
                 + ", ".join(f"ctx {c}: {summary.seed_us.get(c, 0):.1f} -> {u:.1f} µs"
                             for c, u in summary.best_us.items()))
-        self._record(SessionEnd(best_id=summary.best_id, reason=reason,
-                                summary=summary.model_dump(mode="json") | {"line": line}))
-        self.rec.close()
-        self.ev.close()
+        summary.reason += self._close(SessionEnd(best_id=summary.best_id, reason=reason,
+                                                 summary=summary.model_dump(mode="json") | {"line": line}))
         return summary
+
+    def _close(self, end: SessionEnd) -> str:
+        """Record `end` (once, if the session start was recorded), then stop the worker and release the trace
+        whatever happens meanwhile. Returns a note for the summary when `end` could not be written."""
+        note = ""
+        try:
+            if self._start_recorded:
+                self._record(end)
+        except TraceWriteError as e:
+            note = f"; session_end not written: {e}"
+        finally:
+            try:
+                self.ev.close()
+            finally:
+                self.rec.close()
+        return note
 
 
 def _merge_timings(base: EvalResult, extra: list[EvalResult]) -> EvalResult:

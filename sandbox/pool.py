@@ -1,8 +1,10 @@
 """Parent side of evaluation: a warm worker process, per-phase timeouts, kill-the-group on expiry.
 
 The parent never imports torch or touches CUDA. A worker that times out is killed with its whole
-process group; one that crashes or reports a CUDA error is retired; the next evaluation starts a
-fresh worker transparently.
+process group; one that crashes, reports a CUDA error or breaks the protocol is retired; the next
+evaluation starts a fresh worker transparently. Each worker runs under sandbox.lifeline, so its group
+dies with the session even when the session is killed outright; it gets an allow-listed environment
+(sandbox.environment) and a log of its own (worker-<n>.log, never overwritten).
 """
 
 from __future__ import annotations
@@ -15,14 +17,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from traces.results import DeviceInfo, EvalResult, Failure, FailureClass
 
 from .candidate import Candidate
-from .protocol import EvalRequest, PhaseTimeouts
+from .environment import worker_environment
+from .protocol import (
+    EvalRequest,
+    Fatal,
+    PhaseStarted,
+    PhaseTimeouts,
+    ProtocolError,
+    Ready,
+    ResultMessage,
+    WorkerMessage,
+    parse_message,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_LINE = 64 << 20  # a worker that streams bytes without a newline is broken, not slow
 
 
 class NoGpuError(RuntimeError):
@@ -44,9 +59,11 @@ class _Worker:
         self.proc.stdin.write((json.dumps(obj) + "\n").encode())
         self.proc.stdin.flush()
 
-    def read(self, deadline: float) -> dict | None:
-        """Next message, or None on timeout; raises EOFError if the worker died."""
+    def read(self, deadline: float) -> WorkerMessage | None:
+        """Next message, or None on timeout; raises EOFError if the worker died, ProtocolError on garbage."""
         while b"\n" not in self.buf:
+            if len(self.buf) > MAX_LINE:
+                raise ProtocolError(f"a line longer than {MAX_LINE} bytes")
             left = deadline - time.monotonic()
             if left <= 0 or not self.sel.select(timeout=left):
                 return None
@@ -55,15 +72,21 @@ class _Worker:
                 raise EOFError
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        return parse_message(line)
 
     def kill(self) -> None:
+        """SIGKILL the whole group (lifeline, worker, anything the worker started) and release the pipes."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
         self.sel.close()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:  # unflushed bytes to a dead reader
+                pass
 
     def log_tail(self, n: int = 30) -> str:
         try:
@@ -73,10 +96,15 @@ class _Worker:
 
 
 class Evaluator:
-    """Evaluate candidates of one task in isolated, warm worker processes."""
+    """Evaluate candidates of one task in isolated, warm worker processes.
+
+    `extra_env` adds variables to the allow-listed worker environment (tests pass their fake worker's
+    settings this way); the environment is fixed when the evaluator is made.
+    """
 
     def __init__(self, task: str, size: str = "full", weight_seed: int = 0, work_dir: Path | None = None,
-                 timeouts: PhaseTimeouts | None = None, worker_module: str = "sandbox.worker"):
+                 timeouts: PhaseTimeouts | None = None, worker_module: str = "sandbox.worker",
+                 extra_env: Mapping[str, str] | None = None):
         self.task, self.size, self.weight_seed = task, size, weight_seed
         self.worker_module = worker_module
         self.work_dir = Path(work_dir or ROOT / "runs" / "sandbox")
@@ -84,37 +112,61 @@ class Evaluator:
         self.timeouts = timeouts or PhaseTimeouts()
         self.device: DeviceInfo | None = None
         self._worker: _Worker | None = None
-        self._started = 0
+        self._logs = 0
         self._rng = random.SystemRandom()
+        self._env = worker_environment({
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "CUPY_CACHE_DIR": str(self.work_dir / "cupy-cache"), "PYTHONUNBUFFERED": "1", **(extra_env or {})})
 
     # ---- lifecycle ----
+    def _new_log(self) -> tuple[Path, int]:
+        """The next free worker-<n>.log, created here: no earlier log (this session's or another's) is overwritten."""
+        while True:
+            self._logs += 1
+            path = self.work_dir / f"worker-{self._logs}.log"
+            try:
+                return path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                continue
+
     def _spawn(self, startup_timeout: float) -> _Worker:
-        self._started += 1
-        log_path = self.work_dir / f"worker-{self._started}.log"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "CUPY_CACHE_DIR": str(self.work_dir / "cupy-cache"), "PYTHONUNBUFFERED": "1"}
-        with open(log_path, "wb") as log:
+        log_path, log_fd = self._new_log()
+        try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", self.worker_module, "--task", self.task, "--size", self.size,
+                [sys.executable, "-m", "sandbox.lifeline", str(os.getpid()),
+                 sys.executable, "-m", self.worker_module, "--task", self.task, "--size", self.size,
                  "--weight-seed", str(self.weight_seed)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=ROOT, env=env, start_new_session=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, cwd=ROOT, env=self._env,
+                start_new_session=True,
             )
+        finally:
+            os.close(log_fd)
         w = _Worker(proc, log_path)
         try:
-            msg = w.read(time.monotonic() + startup_timeout)
-        except EOFError:
-            msg = {"event": "fatal", "message": f"worker exited during start-up:\n{w.log_tail()}"}
-        if msg is None:
+            msg = self._first_message(w, startup_timeout)
+        except BaseException:
             w.kill()
-            raise WorkerStartError(f"worker did not start within {startup_timeout:.0f} s (log: {log_path})")
-        if msg["event"] != "ready":
+            raise
+        if not isinstance(msg, Ready):
             w.kill()
-            text = msg.get("message", str(msg))
+            text = msg.message if isinstance(msg, Fatal) else f"worker sent {msg.event!r} before 'ready'"
             if "no CUDA GPU" in text:
                 raise NoGpuError(text)
             raise WorkerStartError(text)
-        self.device = DeviceInfo.model_validate(msg["device"])
+        self.device = msg.device
         return w
+
+    @staticmethod
+    def _first_message(w: _Worker, startup_timeout: float) -> WorkerMessage:
+        try:
+            msg = w.read(time.monotonic() + startup_timeout)
+        except EOFError:
+            return Fatal(event="fatal", message=f"worker exited during start-up:\n{w.log_tail()}")
+        except ProtocolError as e:
+            raise WorkerStartError(f"worker sent {e} before 'ready' (log: {w.log_path})") from None
+        if msg is None:
+            raise WorkerStartError(f"worker did not start within {startup_timeout:.0f} s (log: {w.log_path})")
+        return msg
 
     def start(self, startup_timeout: float | None = None) -> DeviceInfo:
         if self._worker is None:
@@ -122,14 +174,17 @@ class Evaluator:
         return self.device
 
     def close(self) -> None:
-        if self._worker is not None:
-            try:
-                self._worker.send({"op": "shutdown"})
-                self._worker.proc.wait(timeout=10)
-            except Exception:  # noqa: BLE001
-                pass
-            self._worker.kill()
-            self._worker = None
+        """Ask the worker to stop, and kill its group whatever happens meanwhile (a second Ctrl-C included)."""
+        w, self._worker = self._worker, None
+        if w is None:
+            return
+        try:
+            w.send({"op": "shutdown"})
+            w.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            w.kill()
 
     def __enter__(self) -> Evaluator:
         return self
@@ -143,10 +198,11 @@ class Evaluator:
     # ---- evaluation ----
     def evaluate(self, candidate: Candidate, timeouts: PhaseTimeouts | None = None,
                  fresh_seeds: list[int] | None = None, deadline: float | None = None, **options) -> EvalResult:
-        """Build, check and time `candidate`; every outcome (hang, crash, refusal) is a classified result.
+        """Build, check and time `candidate`; every outcome (hang, crash, refusal, garbage) is a classified result.
 
         `deadline` (time.monotonic()) caps every phase: past it the worker is killed and the result is a
-        timeout, so a caller's budget holds even when a kernel hangs.
+        timeout, so a caller's budget holds even when a kernel hangs. An interrupt mid-request kills the
+        worker (its state is unknown) before it propagates.
         """
         t = timeouts or self.timeouts
         if deadline is not None:
@@ -157,11 +213,23 @@ class Evaluator:
         try:
             self.start(t.startup if deadline is None else max(1.0, min(t.startup, deadline - time.monotonic())))
         except (WorkerStartError, NoGpuError) as e:
-            base.failure = Failure(cls=FailureClass.infra, phase="startup", message=str(e), retryable=True)
-            return base
+            return _failed(base, FailureClass.infra, "startup", str(e), retryable=True)
+        try:
+            return self._exchange(req, t, deadline, base)
+        except BaseException:
+            self._retire()
+            raise
+
+    def _exchange(self, req: EvalRequest, t: PhaseTimeouts, deadline: float | None, base: EvalResult) -> EvalResult:
+        """Send one request and follow the worker's phases to its result."""
         w = self._worker
-        w.send({"op": "evaluate", "request": req.model_dump()})
         phase = "build"
+        try:
+            w.send({"op": "evaluate", "request": req.model_dump()})
+        except OSError as e:
+            self._retire()
+            return _failed(base, FailureClass.infra, phase, f"the idle worker was gone ({e}):\n{w.log_tail()}",
+                           retryable=True)
         phase_end = time.monotonic() + t.build
         limits = t.model_dump()
         while True:
@@ -169,26 +237,34 @@ class Evaluator:
                 msg = w.read(phase_end if deadline is None else min(phase_end, deadline))
             except EOFError:
                 self._retire()
-                base.failure = Failure(cls=FailureClass.crash, phase=phase,
-                                       message=f"worker died during {phase}:\n{w.log_tail()}")
-                return base
+                return _failed(base, FailureClass.crash, phase, f"worker died during {phase}:\n{w.log_tail()}")
+            except ProtocolError as e:
+                self._retire()
+                return _failed(base, FailureClass.infra, phase,
+                               f"worker protocol error during {phase}: {e}; worker killed", retryable=True)
             if msg is None:
                 self._retire()
                 why = ("the caller's deadline passed" if deadline is not None and time.monotonic() >= deadline
                        else f"{phase} exceeded {limits.get(phase, t.time):.0f} s")
-                base.failure = Failure(cls=FailureClass.timeout, phase=phase,
-                                       message=f"{why}; worker process group killed")
-                return base
-            if msg["event"] == "phase":
-                phase = msg["phase"]
+                return _failed(base, FailureClass.timeout, phase, f"{why}; worker process group killed")
+            if isinstance(msg, PhaseStarted):
+                phase = msg.phase
                 phase_end = time.monotonic() + limits.get(phase, t.time)
-            elif msg["event"] == "result":
-                res = EvalResult.model_validate(msg["result"])
-                if msg.get("retire"):
+            elif isinstance(msg, ResultMessage):
+                if msg.retire:
                     self._retire()
-                return res
+                return msg.result
+            else:
+                self._retire()
+                return _failed(base, FailureClass.infra, phase, f"worker protocol error during {phase}: an "
+                               f"unexpected {msg.event!r} message; worker killed", retryable=True)
 
     def _retire(self) -> None:
         if self._worker is not None:
             self._worker.kill()
             self._worker = None
+
+
+def _failed(base: EvalResult, cls: FailureClass, phase: str, message: str, retryable: bool = False) -> EvalResult:
+    base.failure = Failure(cls=cls, phase=phase, message=message, retryable=retryable)
+    return base

@@ -37,14 +37,19 @@ def timed(cand: Candidate, us: float, noise: float = 0.002, seed: int = 0) -> Ev
                       device=DEVICE, phase_seconds={"build": 1.0, "check": 2.0, "time": 1.0})
 
 
-def failed(cand: Candidate, cls: FailureClass, phase: str = "check", message: str = "scripted") -> EvalResult:
+def failed(cand: Candidate, cls: FailureClass, phase: str = "check", message: str = "scripted",
+           retryable: bool = False) -> EvalResult:
     return EvalResult(task="kimi_linear", size="full", key=cand.key(), knobs=cand.resolved_knobs(),
-                      failure=Failure(cls=cls, phase=phase, message=message), device=DEVICE)
+                      failure=Failure(cls=cls, phase=phase, message=message, retryable=retryable), device=DEVICE)
 
 
 class FakeSandbox:
-    def __init__(self, script: Callable[[Candidate, dict], EvalResult | str]):
+    """`on_close` runs when the session closes the sandbox, before it counts as closed (to inject faults there)."""
+
+    def __init__(self, script: Callable[[Candidate, dict], EvalResult | str],
+                 on_close: Callable[[], None] | None = None):
         self.script = script
+        self.on_close = on_close or (lambda: None)
         self.device = DEVICE
         self.calls: list[tuple[Candidate, dict]] = []
         self.closed = False
@@ -61,4 +66,5 @@ class FakeSandbox:
         return out
 
     def close(self):
+        self.on_close()
         self.closed = True

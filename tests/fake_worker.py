@@ -1,7 +1,15 @@
-"""A stand-in GPU worker speaking the real protocol, for testing the pool's timeout/kill/crash paths.
+"""A stand-in GPU worker speaking the real protocol, for testing the pool's fault paths without a GPU.
 
-The request's source decides the behaviour: HANG_CHECK sleeps in the check phase (after starting a
-grandchild that must die with the group), DIE exits mid-build, anything else returns a passing result.
+The request's source decides the behaviour:
+- HANG_CHECK: sleeps in the check phase after starting a grandchild that must die with the group; writes
+  "<worker pid> <grandchild pid>" to $FAKE_WORKER_PIDFILE first.
+- DIE: exits mid-build.
+- GARBAGE, NO_EVENT, UNKNOWN_EVENT, BAD_RESULT, FATAL_MIDWAY: a malformed or unexpected message in check.
+- INFRA: an infra failure marked retryable, retiring the worker (our side broke, not the candidate).
+- ENV_DUMP: writes this process's environment as JSON to $FAKE_WORKER_ENV_OUT.
+- anything else: a passing result.
+Before "ready": $FAKE_WORKER_NO_GPU sends the no-GPU fatal message, $FAKE_WORKER_GARBAGE_START a non-JSON line.
+Every result carries the worker's pid, so tests can tell a fresh worker from a reused one.
 """
 
 from __future__ import annotations
@@ -12,12 +20,34 @@ import subprocess
 import sys
 import time
 
-from traces.results import DeviceInfo, EvalResult
+from traces.results import DeviceInfo, EvalResult, Failure, FailureClass
+
+MALFORMED = {
+    "GARBAGE": "Segmentation fault (core dumped)",
+    "NO_EVENT": json.dumps({"phase": "time"}),
+    "UNKNOWN_EVENT": json.dumps({"event": "gossip"}),
+    "BAD_RESULT": json.dumps({"event": "result", "result": {"task": "fake", "timings": "fast"}}),
+    "FATAL_MIDWAY": json.dumps({"event": "fatal", "message": "out of memory"}),
+}
 
 
 def send(out, obj):
-    out.write(json.dumps(obj) + "\n")
+    out.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
     out.flush()
+
+
+def hang_in_check() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.environ["FAKE_WORKER_PIDFILE"], "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    time.sleep(600)
+
+
+def result(src: str) -> dict:
+    res = EvalResult(task="fake", size="x", key="k", knobs={}, worker_pid=os.getpid())
+    if "INFRA" in src:
+        res.failure = Failure(cls=FailureClass.infra, phase="check", message="scripted infra", retryable=True)
+    return {"event": "result", "retire": "INFRA" in src, "result": res.model_dump()}
 
 
 def main():
@@ -26,6 +56,8 @@ def main():
     if os.environ.get("FAKE_WORKER_NO_GPU"):
         send(out, {"event": "fatal", "message": "RuntimeError: no CUDA GPU is visible to this process"})
         return
+    if os.environ.get("FAKE_WORKER_GARBAGE_START"):
+        send(out, "Warning: something printed to the protocol stream")
     info = DeviceInfo(name="fake", sms=1, memory_gb=1, l2_mb=1, copy_tbs=1, driver="0", cuda="0", torch="0",
                       cupy="0", capability="0.0")
     send(out, {"event": "ready", "pid": os.getpid(), "device": info.model_dump()})
@@ -39,12 +71,12 @@ def main():
             os._exit(3)
         send(out, {"event": "phase", "phase": "check"})
         if "HANG_CHECK" in src:
-            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-            with open(os.environ["FAKE_WORKER_PIDFILE"], "w") as f:
-                f.write(str(child.pid))
-            time.sleep(600)
-        send(out, {"event": "result", "retire": False,
-                   "result": EvalResult(task="fake", size="x", key="k", knobs={}).model_dump()})
+            hang_in_check()
+        if "ENV_DUMP" in src:
+            with open(os.environ["FAKE_WORKER_ENV_OUT"], "w") as f:
+                json.dump(dict(os.environ), f)
+        bad = next((text for key, text in MALFORMED.items() if key in src), None)
+        send(out, bad or result(src))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Sandbox behaviour that needs no GPU: knobs, includes, keys, result schemas, the timeout/kill path."""
 
+import json
 import os
 import time
 
@@ -51,13 +52,13 @@ def test_eval_result_round_trips_through_json():
 
 
 @pytest.fixture
-def fake_pool(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_WORKER_PIDFILE", str(tmp_path / "child.pid"))
+def fake_pool(tmp_path):
     pool = Evaluator(
         "fake",
         work_dir=tmp_path,
         worker_module="tests.fake_worker",
         timeouts=PhaseTimeouts(startup=30, build=10, check=2, time=10),
+        extra_env={"FAKE_WORKER_PIDFILE": str(tmp_path / "child.pid")},
     )
     yield pool
     pool.close()
@@ -68,7 +69,7 @@ def test_hang_is_killed_with_its_process_group_and_the_next_candidate_runs(fake_
     res = fake_pool.evaluate(Candidate(source="HANG_CHECK"))
     assert res.failure.cls == FailureClass.timeout and res.failure.phase == "check"
     assert time.monotonic() - t0 < 30
-    child = int((tmp_path / "child.pid").read_text())
+    child = int((tmp_path / "child.pid").read_text().split()[1])
     for _ in range(50):
         try:
             os.kill(child, 0)
@@ -86,9 +87,9 @@ def test_dead_worker_is_a_crash_and_is_replaced(fake_pool):
     assert fake_pool.evaluate(Candidate(source="fine")).ok
 
 
-def test_no_gpu_is_an_infra_failure(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_WORKER_NO_GPU", "1")
-    with Evaluator("fake", work_dir=tmp_path, worker_module="tests.fake_worker") as pool:
+def test_no_gpu_is_an_infra_failure(tmp_path):
+    with Evaluator("fake", work_dir=tmp_path, worker_module="tests.fake_worker",
+                   extra_env={"FAKE_WORKER_NO_GPU": "1"}) as pool:
         res = pool.evaluate(Candidate(source="fine"))
     assert res.failure.cls == FailureClass.infra and "no CUDA GPU" in res.failure.message
 
@@ -103,3 +104,28 @@ def test_knob_docs_and_baking_chosen_values_into_the_source():
     assert baked.endswith("int x;\n")
     with pytest.raises(CandidateError):
         with_knob_defaults(src, {"A": 3})
+
+
+def test_worker_environment_is_an_allow_list_without_secrets(monkeypatch):
+    from sandbox.environment import worker_environment
+
+    for name, value in {"PATH": "/usr/bin", "LC_ALL": "C", "CUDA_HOME": "/cuda", "CUDA_TOKEN": "t" * 20,
+                        "AWS_SECRET_ACCESS_KEY": "a" * 40, "GH_PAT": "g" * 30, "ANTHROPIC_API_KEY": "k" * 30,
+                        "SOME_SERVICE_URL": "https://x", "TORCH_HOME": "/t"}.items():
+        monkeypatch.setenv(name, value)
+    env = worker_environment({"FAKE_WORKER_X": "1"})
+    assert {"PATH", "LC_ALL", "CUDA_HOME", "TORCH_HOME", "FAKE_WORKER_X"} <= env.keys()
+    assert not {"CUDA_TOKEN", "AWS_SECRET_ACCESS_KEY", "GH_PAT", "ANTHROPIC_API_KEY", "SOME_SERVICE_URL"} & env.keys()
+    with pytest.raises(ValueError, match="MY_TOKEN"):
+        worker_environment({"MY_TOKEN": "x"})
+
+
+def test_a_worker_inherits_no_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "a" * 40)
+    monkeypatch.setenv("GH_PAT", "g" * 30)
+    out = tmp_path / "env.json"
+    with Evaluator("fake", work_dir=tmp_path, worker_module="tests.fake_worker",
+                   extra_env={"FAKE_WORKER_ENV_OUT": str(out)}) as pool:
+        assert pool.evaluate(Candidate(source="ENV_DUMP")).ok
+    env = json.loads(out.read_text())
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "GH_PAT" not in env and env["PYTHONUNBUFFERED"] == "1"

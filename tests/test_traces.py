@@ -13,7 +13,8 @@ from rich.console import Console
 
 from sandbox.stats import ratio_interval, verdict
 from traces.loader import TraceError, load
-from traces.recorder import Recorder, redact
+from traces.recorder import Recorder
+from traces.redaction import redact
 from traces.render import render, timeline
 from traces.schema import EVENT, PlannerError
 
@@ -100,6 +101,21 @@ def test_secrets_never_reach_the_file(tmp_path, monkeypatch):
     text = (tmp_path / "t.jsonl").read_text()
     assert key not in text and "abcdefghijklmnop1234" not in text and text.count("[REDACTED]") >= 2
     assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_every_secret_named_variable_and_common_token_shapes_are_redacted(monkeypatch):
+    aws = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    pat = "a1b2c3d4e5f6a7b8c9d0"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", aws)
+    monkeypatch.setenv("GH_PAT", pat)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5")  # not secret-named: stays
+    shapes = ["sk-proj-" + "a" * 30, "AKIA" + "B" * 16, "ghp_" + "c" * 36, "github_pat_" + "d" * 40,
+              "xoxb-123456789-abcdef", "aws_secret_access_key=" + "E" * 40, "Bearer " + "f" * 24]
+    text = redact(" | ".join([aws, pat, "0,1,2,3,4,5", *shapes, "mask-based-tiling-for-the-phase"]))
+    assert aws not in text and pat not in text
+    assert not any(s[-8:] in text for s in shapes)
+    assert "0,1,2,3,4,5" in text and "mask-based-tiling-for-the-phase" in text
+    assert "aws_secret_access_key=[REDACTED]" in text and "Bearer [REDACTED]" in text
 
 
 def test_render_timeline_of_a_fixture_trace(tmp_path):

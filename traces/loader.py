@@ -78,24 +78,33 @@ class Trace:
 
 
 def load(path: Path) -> Trace:
-    """Parse every line; a torn last line (killed writer) is dropped with a warning."""
+    """Parse every line; a torn last line (a killed writer: no final newline) is dropped with a warning.
+
+    Lines are decoded one by one, so a multi-byte character cut by the kill is only a torn line.
+    """
     path = Path(path)
     trace = Trace(path)
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
+    lines = path.read_bytes().split(b"\n")
+    if lines[-1]:
+        trace.warnings.append(f"line {len(lines)} is incomplete (the writer was interrupted); ignored")
+    lines.pop()
     for n, line in enumerate(lines, 1):
-        try:
-            raw = json.loads(line)
-            if raw.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
-                raise TraceError(f"{path}:{n}: schema_version {raw['schema_version']} is newer than this reader")
-            event = EVENT.validate_python(raw)
-        except (json.JSONDecodeError, ValidationError) as e:
-            if n == len(lines):
-                trace.warnings.append(f"line {n} is incomplete (the writer was interrupted); ignored")
-                break
-            raise TraceError(f"{path}:{n}: corrupt event: {e}") from e
+        event = _event(path, n, line)
         if isinstance(event, (Measure, Proposal)) and event.source is not None:
             trace.sources[event.source_sha] = event.source
         trace.events.append(event)
     return trace
+
+
+def _event(path: Path, n: int, line: bytes):
+    """The event on complete line `n`; anything unreadable there is a TraceError naming the line."""
+    try:
+        raw = json.loads(line.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are both ValueErrors
+        raise TraceError(f"{path}:{n}: corrupt event: {e}") from e
+    if isinstance(raw, dict) and raw.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
+        raise TraceError(f"{path}:{n}: schema_version {raw['schema_version']} is newer than this reader")
+    try:
+        return EVENT.validate_python(raw)
+    except ValidationError as e:
+        raise TraceError(f"{path}:{n}: corrupt event: {e}") from e

@@ -81,6 +81,8 @@ class Proposal(_Event):
     source: str | None = Field(None, description="present only on the first use of this source")
     knobs: dict[str, int] = {}
     llm: LlmUsage | None = None
+    retry_of: str | None = Field(None, description="the attempt this one repeats (it never finished, or failed "
+                                                     "on our side)")
 
 
 class Build(_Event):
