@@ -10,6 +10,7 @@ host paths removed. No GPU is needed: this runs wherever NVRTC does.
 from __future__ import annotations
 
 import base64
+import ctypes
 import functools
 import json
 import os
@@ -27,6 +28,7 @@ CANDIDATE_FILE = "candidate.cu"
 PRELUDE_FILE = "task_prelude.cu"
 DIAGNOSTIC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<rest>.*)$")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
+PR_SET_PDEATHSIG = 1
 PASSED_ENV = ("LD_LIBRARY_PATH", "CUDA_PATH", "CUDA_HOME", "CUPY_CACHE_DIR")
 
 
@@ -93,13 +95,14 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
                "include_dirs": list(dirs), "memory_bytes": limits.memory_mb << 20,
                "cpu_seconds": max(1, int(limits.seconds))}
     t0 = time.perf_counter()
+    # in the caller's process group (a worker's group dies with its session) and killed should the caller die
     proc = subprocess.Popen([sys.executable, "-m", "sandbox.compile_child"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(), cwd="/",
-                            start_new_session=True)
+                            preexec_fn=_die_with_parent)
     try:
         out, err = proc.communicate(json.dumps(request).encode(), timeout=limits.seconds)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
         proc.communicate()
         return CompileOutput(ok=False, error=f"the compiler exceeded its {limits.seconds:.0f} s limit and was killed",
                              seconds=time.perf_counter() - t0)
@@ -113,6 +116,11 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
     return CompileOutput(ok=answer["ok"], cubin_b64=answer.get("cubin", ""), log=log,
                          error="" if answer["ok"] else first_error(log) or answer.get("error", "compile failed"),
                          seconds=seconds, confinement=answer["confinement"], compiler=f"NVRTC {answer['nvrtc']}")
+
+
+def _die_with_parent() -> None:
+    """Runs in the compiler process between fork and exec."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _death(code: int, stderr: str, limits: CompileLimits) -> str:
