@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -12,6 +13,30 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 NO_GPU = "No NVIDIA GPU with a working CUDA driver is visible here; this command needs one."
+
+
+def parse_price(text: str):
+    from agent.planners.prices import parse_price as parse
+
+    return parse(text)
+
+
+def parse_timeouts(text: str | None):
+    """'check=30,time=60' -> PhaseTimeouts with those phases changed (seconds)."""
+    from sandbox.protocol import PhaseTimeouts
+
+    if not text:
+        return PhaseTimeouts()
+    values = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        if not sep or name not in PhaseTimeouts.model_fields:
+            raise SystemExit(f"--timeouts expects PHASE=SECONDS,... with phases {sorted(PhaseTimeouts.model_fields)}")
+        try:
+            values[name] = float(value)
+        except ValueError as e:
+            raise SystemExit(f"--timeouts: {value!r} is not a number of seconds") from e
+    return PhaseTimeouts(**values)
 
 
 def parse_knobs(items: list[str]) -> dict[str, int]:
@@ -57,8 +82,10 @@ def cmd_run(args) -> int:
     from agent.budget import parse_duration
     from agent.planners import make_planner
     from agent.progress import SessionProgress, print_summary
+    from agent.run_folder import check_out_dir
+    from agent.scripted_model import ScriptedModel
     from agent.session import Session, StartError, now_tag
-    from sandbox.pool import Evaluator, NoGpuError
+    from sandbox.pool import Evaluator, NoGpuError, WorkerStartError
     from tasks.registry import get_task
     from traces.loader import load
     from traces.report import write_report
@@ -71,28 +98,44 @@ def cmd_run(args) -> int:
     source = Path(args.kernel).read_text() if args.kernel else None
     out = Path(args.out) if args.out else (Path(args.resume).parent if resume else
                                            ROOT / "runs" / f"{now_tag()}-{task_name}-{size}")
+    budget = parse_duration(args.budget)
+    scripted = ScriptedModel.from_file(Path(args.scripted_model)) if args.scripted_model else None
     try:
-        planner = make_planner(args.planner, seed=args.seed, model=args.model, max_cost=args.max_cost,
-                               trace=args.replay_trace)
-    except ValueError as e:
+        check_out_dir(out, Path(args.resume) if resume else None, out / "sandbox")
+        planner = make_planner("anthropic" if scripted else args.planner, seed=args.seed,
+                               model=scripted.header.model if scripted else args.model, max_cost=args.max_cost,
+                               trace=args.replay_trace, price=parse_price(args.price) if args.price else None,
+                               base_url=scripted.url if scripted else None,
+                               api_key="scripted-model" if scripted else None)
+    except (ValueError, StartError) as e:
         raise SystemExit(str(e)) from e
-    evaluator = Evaluator(task_name, size, work_dir=out / "sandbox")
+    evaluator = Evaluator(task_name, size, work_dir=out / "sandbox", timeouts=parse_timeouts(args.timeouts))
     try:
         evaluator.start()
     except NoGpuError:
         print(NO_GPU, file=sys.stderr)
         return 2
-    with SessionProgress(console, parse_duration(args.budget)) as progress:
-        session = Session(task, planner, evaluator, parse_duration(args.budget), out, start_source=source,
+    except WorkerStartError as e:
+        print(f"the GPU worker did not start: {e}", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        if scripted is not None:
+            stack.enter_context(scripted)
+        progress = stack.enter_context(SessionProgress(console, budget))
+        session = Session(task, planner, evaluator, budget, out, start_source=source,
                           start_knobs=parse_knobs(args.knob), resume=resume, on_progress=progress.update)
         try:
             summary = session.run()
         except StartError as e:
             console.print(f"[red]{e}[/]")
             return 1
-    trace = load(session.trace_path)
-    for suffix in (".html", ".md"):
-        write_report(trace, out / f"report{suffix}")
+    try:
+        trace = load(session.trace_path)
+        for suffix in (".html", ".md"):
+            write_report(trace, out / f"report{suffix}")
+    except OSError as e:
+        print(f"report not written: {e}", file=sys.stderr)
+        return 1
     print_summary(console, summary, out)
     return 0
 
@@ -185,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", help="Anthropic model id (default: $ANTHROPIC_MODEL or claude-sonnet-4-5)")
     r.add_argument("--max-cost", type=float, default=5.0, help="USD cap on LLM spend for the session")
     r.add_argument("--replay-trace", help="trace whose proposals the replay planner re-proposes")
+    r.add_argument("--scripted-model", metavar="SCRIPT.jsonl",
+                   help="play a recorded model (agent/scripted_model.py) to the anthropic planner on a local server")
+    r.add_argument("--price", metavar="IN,OUT[,CACHE_WRITE,CACHE_READ]",
+                   help="USD per million tokens for a model the price table does not know")
+    r.add_argument("--timeouts", metavar="PHASE=S,...", help="per-phase limits, e.g. check=60,time=120 "
+                   "(phases: startup, build, check, time)")
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="build, check and time one kernel (default: the task's seed) vs the baseline")
@@ -205,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="continue the session (same as run --resume TRACE)")
     p.add_argument("--budget", default="30m")
     p.set_defaults(func=cmd_replay, planner=None, seed=0, model=None, max_cost=5.0, replay_trace=None, kernel=None,
-                   knob=None, out=None, task=None, size=None)
+                   knob=None, out=None, task=None, size=None, scripted_model=None, price=None, timeouts=None)
 
     c = sub.add_parser("compare", help="check and time versions interleaved: FILE.cu, FILE.cu:K=V,..., TRACE#ID")
     c.add_argument("versions", nargs="+")

@@ -55,22 +55,25 @@ def diff_text(a: Version, b: Version) -> str:
     return "\n".join(lines) or "(identical source and knobs)"
 
 
-def run_compare(versions: list[Version], ev: Evaluator, rounds: int, samples: int, console: Console,
-                contexts: list[int] | None = None) -> list[dict]:
-    for v in versions:
-        res = ev.evaluate(v.candidate, time=False)
-        v.ok, v.check = res.ok, check_summary(res) if res.check else f"{res.failure.cls.value}: {res.failure.message}"
-    live = [v for v in versions if v.ok]
-    with Progress(console=console, transient=True) as bar:
-        job = bar.add_task("interleaved timing", total=rounds * len(live))
-        for _ in range(rounds):
-            for v in live:
-                res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts)
-                if not res.ok:
-                    v.ok, v.check = False, f"timing failed: {res.failure.message}"
-                for t in res.timings:
-                    v.samples.setdefault(t.ctx, []).extend(t.samples_us)
-                bar.advance(job)
+def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts: list[int] | None = None,
+               on_result=None) -> None:
+    """Time the versions in turn, round after round (A B A B ...), pooling each one's samples per context.
+    A version whose timing fails (its timed samples are verified too) drops out with the reason."""
+    for _ in range(rounds):
+        for v in versions:
+            if not v.ok:
+                continue
+            res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts)
+            if not res.ok:
+                v.ok, v.check = False, f"timing failed: {res.failure.cls.value}: {res.failure.message}"
+            for t in res.timings:
+                v.samples.setdefault(t.ctx, []).extend(t.samples_us)
+            if on_result is not None:
+                on_result(v, res)
+
+
+def speedups(versions: list[Version]) -> list[dict]:
+    """Per version and context: median µs, samples, and vs the first version the ratio, interval, verdict."""
     rows = []
     first = versions[0]
     for v in versions:
@@ -81,6 +84,18 @@ def run_compare(versions: list[Version], ev: Evaluator, rounds: int, samples: in
                 row |= {"ratio": r, "low": lo, "high": hi, "verdict": word}
             rows.append(row)
     return rows
+
+
+def run_compare(versions: list[Version], ev: Evaluator, rounds: int, samples: int, console: Console,
+                contexts: list[int] | None = None) -> list[dict]:
+    for v in versions:
+        res = ev.evaluate(v.candidate, time=False)
+        v.ok, v.check = res.ok, check_summary(res) if res.check else f"{res.failure.cls.value}: {res.failure.message}"
+    live = [v for v in versions if v.ok]
+    with Progress(console=console, transient=True) as bar:
+        job = bar.add_task("interleaved timing", total=rounds * len(live))
+        interleave(ev, live, rounds, samples, contexts, on_result=lambda *_: bar.advance(job))
+    return speedups(versions)
 
 
 def print_compare(versions: list[Version], rows: list[dict], console: Console, show_diff: bool) -> None:

@@ -43,20 +43,15 @@ from traces.schema import (
     SessionStart,
 )
 
+from .archive import Archive, archived
 from .budget import Budget
 from .decision import RULE, Verdict, judge
 from .errors import RunFolderInUse, StartError
 from .interrupts import Interrupted, SessionSignals, reason_for
-from .planners.base import (
-    AttemptSummary,
-    PlannedVersion,
-    Planner,
-    PlannerExhausted,
-    PlannerFailure,
-    PlannerView,
-)
+from .planners.base import PlannedVersion, Planner, PlannerExhausted, PlannerFailure, PlannerView
 from .resume import Retry, check_same_task, retries
 from .run_folder import check_out_dir, write_best
+from .session_tools import SessionTools
 
 END_MARGIN_S = 5.0          # stop proposing when less than this is left
 MAX_PLANNER_FAILURES = 5    # consecutive planner failures that end the session
@@ -111,10 +106,6 @@ def environment(device) -> Environment:
                        project_commit=commit, packages=packages)
 
 
-def _us(res: EvalResult) -> dict[int, float]:
-    return {t.ctx: t.median_us for t in res.timings}
-
-
 class Session:
     """One session over `out_dir` (see agent.run_folder for which folders it accepts). It owns `evaluator`:
     whatever ends the session, the evaluator is closed and the trace released."""
@@ -130,7 +121,8 @@ class Session:
         self.start_source = start_source if start_source is not None else task.seed_source()
         self.start_knobs = dict(start_knobs or {})
         self.on_progress = on_progress or (lambda **_: None)
-        self.history: list[AttemptSummary] = []
+        self.archive = Archive()
+        self.results: dict[str, EvalResult] = {}   # every evaluated version's result (with its build), by id
         self.retries: list[Retry] = []
         self.phase_seconds: Counter = Counter()
         self.llm_total = LlmUsage(model="", calls=0)
@@ -142,14 +134,17 @@ class Session:
         self.signals = SessionSignals()
         self._start_recorded = False
         self.planner.on_error = self._planner_error
+        self.tools = SessionTools(self)
+        self.planner.tools = self.tools
 
     # ---- recording helpers -------------------------------------------------------------------
 
-    def _record(self, event):
+    def record(self, event):
+        """Append one event to the trace, durably (the planner's tools record through this too)."""
         return self.rec.record(event)
 
     def _planner_error(self, message: str, usage: LlmUsage | None) -> None:
-        self._record(PlannerError(id=self._next_id("err"), planner=self.planner.name, message=message, llm=usage))
+        self.record(PlannerError(id=self._next_id("err"), planner=self.planner.name, message=message, llm=usage))
 
     def _next_id(self, prefix: str = "p") -> str:
         self.counter += 1
@@ -167,9 +162,9 @@ class Session:
             task_name=spec.name, task_description=spec.description, dims=spec.dims,
             context_lengths=spec.context_lengths, bytes_per_step=spec.bytes_per_step, hardware=self.ev.device,
             abi=self.task.prelude(), best_id=b.id, best_source=b.source, best_knobs=b.result.knobs or b.knobs,
-            declared_knobs=parse_knobs(b.source), best_us_per_ctx=_us(b.result),
+            declared_knobs=parse_knobs(b.source), best_us_per_ctx=b.result.median_by_ctx(),
             baseline_us_per_ctx={t.ctx: t.baseline_median_us for t in b.result.timings if t.baseline_median_us},
-            history=self.history, budget_left_s=self.budget.remaining(),
+            archive=self.archive.versions(), budget_left_s=self.budget.remaining(),
         )
 
     def _evaluate(self, label: str, cand: Candidate, **options) -> EvalResult:
@@ -177,7 +172,7 @@ class Session:
         worker (the evaluator retires a worker after one), its first try recorded as `<label>~retried`."""
         res = self._evaluate_once(cand, **options)
         if res.failure is not None and res.failure.retryable:
-            self._record(Evaluate(id=f"{label}~retried", result=res))
+            self.record(Evaluate(id=f"{label}~retried", result=res))
             res = self._evaluate_once(cand, **options)
         return res
 
@@ -198,21 +193,23 @@ class Session:
         )
 
     def _restore(self) -> tuple[str, dict[str, int], str]:
-        """From a trace being resumed: the history, the id counter, the attempts to retry and the best version's
-        source, knobs and id."""
+        """From a trace being resumed: the archive and results, the id counter, the LLM spend, the attempts to
+        retry, and the best version's source, knobs and id."""
         tr = self.resume
+        self.archive = Archive.from_trace(tr)
+        builds = {e.id: e.result for e in tr.events if e.type == "build"}
+        for e in tr.events:
+            if e.type in ("measure", "evaluate") and e.id in self.archive:
+                self.results[e.id] = e.result.model_copy(update={"build": e.result.build or builds.get(e.id)})
         best_id = tr.measure.id if tr.measure else None
         for a in tr.attempts():
-            p = a.proposal
-            res = a.evaluate.result if a.evaluate else None
-            self.history.append(AttemptSummary(
-                id=p.id, hypothesis=p.hypothesis, knobs=p.knobs, source_sha=p.source_sha, outcome=a.outcome,
-                message=(a.failure.failure.message if a.failure else a.decision.reason if a.decision else ""),
-                us_per_ctx=_us(res) if res else {}))
             if a.decision and a.decision.kept:
-                best_id = p.id
+                best_id = a.proposal.id
         self.counter = sum(1 for e in tr.events if e.type in ("proposal", "planner_error"))
         self.retries = retries(tr)
+        spent = sum(e.llm.cost_usd for e in tr.events if e.type in ("proposal", "planner_error") and e.llm)
+        self.llm_total.cost_usd = spent
+        self.planner.restore(spent)
         if best_id is None:
             raise StartError(f"{tr.path} has no measured starting kernel to resume from")
         return tr.version(best_id) + (best_id,)
@@ -221,15 +218,18 @@ class Session:
         cand = Candidate(source=source, knobs=knobs)
         self.on_progress(step=f"measuring {vid}")
         res = self._evaluate(vid, cand)
-        self._record(Measure(id=vid, source_sha=cand.source_sha, source=source, knobs=res.knobs or knobs,
+        self.record(Measure(id=vid, source_sha=cand.source_sha, source=source, knobs=res.knobs or knobs,
                              result=res))
         if not res.ok:
             f = res.failure
             raise StartError(f"the starting kernel {vid} is not usable: {f.cls.value} failure in {f.phase}: "
                              f"{f.message[:500]}")
-        self.history.append(AttemptSummary(id=vid, hypothesis="starting kernel", knobs=res.knobs or knobs,
-                                           source_sha=cand.source_sha, outcome="measured", us_per_ctx=_us(res)))
-        return Version(vid, source, res.knobs or knobs, res)
+        base_id = vid.split("@")[0]
+        if base_id not in self.archive:
+            self.archive.add(archived(base_id, None, "", "starting kernel", cand.source_sha, "measured", "", res),
+                             source, knobs)
+        self.results[base_id] = res
+        return Version(base_id, source, knobs, res)
 
     def run(self) -> SessionSummary:
         """Measure, then propose until the budget, the planner, a signal (SIGINT/SIGTERM) or a failed write
@@ -282,12 +282,11 @@ class Session:
             raise
 
     def _measure_and_loop(self) -> str:
-        self._record(self._start_event())
+        self.record(self._start_event())
         self._start_recorded = True
         if self.resume:
             source, knobs, best_id = self._restore()
             version = self._measure(f"{best_id}@resume", source, knobs)
-            version.id = best_id
         else:
             version = self._measure("seed", self.start_source, self.start_knobs)
         self._set_best(version)
@@ -308,10 +307,14 @@ class Session:
             try:
                 planned = self.planner.propose(self._view())
             except PlannerExhausted as e:
+                if e.usage is not None:   # the turn that decided to stop cost tokens too
+                    self.record(PlannerError(id=pid, planner=self.planner.name, message=f"finished: {e}", llm=e.usage,
+                                             retryable=False))
+                    self._add_usage(e.usage)
                 return f"planner finished: {e}"
             except PlannerFailure as e:
                 planner_failures += 1
-                self._record(PlannerError(id=pid, planner=self.planner.name, message=str(e), llm=e.usage,
+                self.record(PlannerError(id=pid, planner=self.planner.name, message=str(e), llm=e.usage,
                                           retryable=e.retryable))
                 self._add_usage(e.usage)
                 if not e.retryable or planner_failures >= MAX_PLANNER_FAILURES:
@@ -319,7 +322,7 @@ class Session:
                 continue
             planner_failures = 0
             self._add_usage(planned.llm)
-            self._attempt(pid, planned, self.best.id)
+            self._attempt(pid, planned, planned.parent_id or self.best.id)
         return "budget"
 
     def _add_usage(self, usage: LlmUsage | None) -> None:
@@ -329,39 +332,51 @@ class Session:
 
     def _attempt(self, pid: str, planned: PlannedVersion, parent_id: str, retry_of: str | None = None) -> None:
         cand = Candidate(source=planned.source, knobs=planned.knobs)
-        self._record(Proposal(id=pid, parent_id=parent_id, planner=self.planner.name,
-                              hypothesis=planned.hypothesis, predicted_change=planned.predicted_change,
-                              source_sha=cand.source_sha, source=planned.source, knobs=planned.knobs,
-                              llm=planned.llm, retry_of=retry_of))
+        self.record(Proposal(id=pid, parent_id=parent_id, planner=self.planner.name, hypothesis=planned.hypothesis,
+                             predicted_change=planned.predicted_change, source_sha=cand.source_sha,
+                             source=planned.source, knobs=planned.knobs, llm=planned.llm, retry_of=retry_of,
+                             name=planned.name, predicted_us=planned.predicted_us,
+                             predicted_phases=planned.predicted_phases))
+        self.planner.accepted(pid)
         self.on_progress(step=f"{pid}: {planned.hypothesis[:60]}", best=self.best, budget=self.budget)
+        twin = self.archive.duplicate_of(planned.source, planned.knobs)
+        if twin is not None:   # refused before the GPU: the same source and knobs were evaluated as `twin`
+            failure = Failure(cls=FailureClass.duplicate, phase="proposal",
+                              message=f"the same source and knob values as {twin} ({self.archive.get(twin).outcome})")
+            res = EvalResult(task=self.task.spec.name, size=self.task.spec.size, key="", failure=failure)
+            self._decide(pid, planned, parent_id, cand, res, Verdict(kept=False, reason=failure.message), failure)
+            return
         res = self._evaluate(pid, cand)
         if res.build is not None:
-            self._record(Build(id=pid, result=res.build))
-        self._record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
+            self.record(Build(id=pid, result=res.build))
+        self.record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
         failure = res.failure
         verdict = judge(self.best.result, res)
         if verdict.kept:
             verdict, failure = self._confirm(pid, cand, res)
-        kept = verdict.kept
-        if failure is None and not kept:
+        if failure is None and not verdict.kept:
             failure = Failure(cls=FailureClass.slower, phase="decision", message=verdict.reason)
+        self._decide(pid, planned, parent_id, cand, res, verdict, failure)
+
+    def _decide(self, pid: str, planned: PlannedVersion, parent_id: str, cand: Candidate, res: EvalResult,
+                verdict: Verdict, failure: Failure | None) -> None:
+        """Record the failure (if any) and the decision, archive the version, and move the best if kept."""
+        kept = verdict.kept
         if failure is not None:
-            self._record(FailureEvent(id=pid, failure=failure))
+            self.record(FailureEvent(id=pid, failure=failure))
         outcome = (f"{failure.cls.value}: {failure.message[:200]}"
                    if failure is not None and failure.cls != FailureClass.slower else verdict.reason)
-        version = Version(pid, planned.source, res.knobs or planned.knobs, res) if kept else self.best
-        self._record(Decision(id=pid, kept=kept, rule=RULE, reason=verdict.reason, ratio=verdict.ratio,
-                              ratio_low=verdict.low, ratio_high=verdict.high,
-                              prediction=planned.predicted_change, outcome=outcome, best_id=version.id))
+        version = Version(pid, planned.source, planned.knobs, res) if kept else self.best
+        self.record(Decision(id=pid, kept=kept, rule=RULE, reason=verdict.reason, ratio=verdict.ratio,
+                             ratio_low=verdict.low, ratio_high=verdict.high,
+                             prediction=planned.predicted_change, outcome=outcome, best_id=version.id))
+        self.results[pid] = res
+        self.archive.add(archived(pid, parent_id, planned.name, planned.hypothesis, cand.source_sha,
+                                  "kept" if kept else failure.cls.value,
+                                  failure.message if failure else verdict.reason, res),
+                         planned.source, planned.knobs, retryable=bool(failure and failure.retryable))
         if kept:
             self._set_best(version)
-        r = res.build.resources if res.build and res.build.resources else None
-        self.history.append(AttemptSummary(
-            id=pid, hypothesis=planned.hypothesis, knobs=planned.knobs, source_sha=cand.source_sha,
-            outcome="kept" if kept else failure.cls.value,
-            message=failure.message[:500] if failure else verdict.reason, us_per_ctx=_us(res),
-            registers=r.registers if r else None, local_bytes=r.local_bytes if r else None,
-            roofline=max((t.roofline for t in res.timings), default=None)))
 
     def _confirm(self, pid: str, cand: Candidate, res: EvalResult) -> tuple[Verdict, Failure | None]:
         """A first win is re-timed interleaved with the best (A B A B) so drift cannot fake a gain.
@@ -376,7 +391,7 @@ class Session:
             for runs, which, c in ((a, "best", best_c), (b, "candidate", cand)):
                 label = f"{pid}~confirm-{which}-{i}"
                 r = self._evaluate(label, c, check=False, baseline=False)
-                self._record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
+                self.record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
                 if not r.ok:
                     f = r.failure
                     failure = f.model_copy(update={"phase": f"confirm ({which} re-timing): {f.phase}",
@@ -394,11 +409,11 @@ class Session:
 
     def _finish(self, reason: str) -> SessionSummary:
         best, seed = self.best, self.seed
-        counts = Counter(a.outcome for a in self.history)
+        counts = Counter(v.outcome for v in self.archive.versions() if v.outcome != "measured")
         summary = SessionSummary(
-            best_id=best.id if best else "", reason=reason, tried=len(self.history), kept=counts.get("kept", 0),
+            best_id=best.id if best else "", reason=reason, tried=sum(counts.values()), kept=counts.get("kept", 0),
             failed_by_class={k: v for k, v in counts.items() if k != "kept"},
-            seed_us=_us(seed.result) if seed else {}, best_us=_us(best.result) if best else {},
+            seed_us=seed.result.median_by_ctx() if seed else {}, best_us=best.result.median_by_ctx() if best else {},
             baseline_us={t.ctx: t.baseline_median_us for t in seed.result.timings if t.baseline_median_us}
             if seed else {},
             seconds_by_phase=dict(self.phase_seconds), llm_cost_usd=self.llm_total.cost_usd,
@@ -416,7 +431,7 @@ class Session:
         note = ""
         try:
             if self._start_recorded:
-                self._record(end)
+                self.record(end)
         except TraceWriteError as e:
             note = f"; session_end not written: {e}"
         finally:

@@ -120,8 +120,9 @@ class Checker:
         untouched = self.task.untouched(before, c_state, ctx)
         passed = all(t.passed for t in tensors) and all(untouched.values())
         note = f"matched the reference with {label}" if label and passed else ""
+        tried = [f"{b or 'plain reference'}: worst {_worst(t):.2f} of its bound" for b, t in branches]
         case = CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, tensors=tensors, untouched=untouched,
-                         passed=passed, message=note)
+                         passed=passed, message=note, branches=tried if len(branches) > 1 else [])
         return case, c_out, c_state
 
     def chained_case(self, kind: str, seed: int, ctx: int, hidden, state, step: int):

@@ -1,14 +1,16 @@
-"""A local HTTP server on 127.0.0.1 that speaks enough of the Messages API for the real SDK.
+"""A scripted Messages API for tests: each POST /v1/messages takes the next (status, body) from a queue.
 
-Responses are scripted: each POST /v1/messages takes the next (status, body) from the queue.
-Requests (headers and JSON bodies) are kept for assertions.
+Built on the product's local server (agent.scripted_model.MessagesServer) so the real SDK is exercised;
+bodies may be raw bytes (a 200 with HTML, truncated JSON). Requests and headers are kept for assertions.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import itertools
+
+from agent.scripted_model import MessagesServer
+
+_ids = itertools.count(1000)
 
 
 def message(content: list[dict], usage: dict | None = None, stop: str = "tool_use") -> tuple[int, dict]:
@@ -18,9 +20,16 @@ def message(content: list[dict], usage: dict | None = None, stop: str = "tool_us
                            "cache_read_input_tokens": 0, **(usage or {})}}
 
 
-def tool_use(inp: dict, usage: dict | None = None, tid: str = "toolu_1") -> tuple[int, dict]:
-    return message([{"type": "text", "text": "Here is my proposal."},
-                    {"type": "tool_use", "id": tid, "name": "propose_kernel", "input": inp}], usage)
+def tool_use(inp: dict, usage: dict | None = None, tid: str = "toolu_1", name: str = "propose",
+             stop: str = "tool_use") -> tuple[int, dict]:
+    return message([{"type": "text", "text": "Here is my call."},
+                    {"type": "tool_use", "id": tid, "name": name, "input": inp}], usage, stop)
+
+
+def calls(*uses: tuple[str, dict], usage: dict | None = None) -> tuple[int, dict]:
+    """One reply with several tool calls: (name, input) pairs; ids unique across replies, as the API's are."""
+    return message([{"type": "tool_use", "id": f"toolu_{next(_ids)}", "name": n, "input": inp} for n, inp in uses],
+                   usage)
 
 
 def error(status: int, kind: str) -> tuple[int, dict]:
@@ -28,36 +37,21 @@ def error(status: int, kind: str) -> tuple[int, dict]:
 
 
 class FakeAnthropic:
-    def __init__(self, script: list[tuple[int, dict]]):
+    def __init__(self, script: list[tuple[int, dict | bytes]]):
         self.script = list(script)
         self.requests: list[dict] = []
         self.headers: list[dict] = []
-        server = self
+        self.server = MessagesServer(self._respond)
+        self.url = self.server.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                server.requests.append(body)
-                server.headers.append({k.lower(): v for k, v in self.headers.items()})
-                status, payload = server.script.pop(0) if server.script else error(500, "api_error")
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    def _respond(self, body: dict, headers: dict):
+        self.requests.append(body)
+        self.headers.append(headers)
+        return self.script.pop(0) if self.script else error(500, "api_error")
 
     def __enter__(self) -> FakeAnthropic:
-        self.thread.start()
+        self.server.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.__exit__(*exc)

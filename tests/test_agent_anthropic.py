@@ -1,22 +1,29 @@
-"""The Anthropic planner through the real SDK against a local Messages API server."""
+"""The LLM planner as an agent, through the real SDK against a local Messages API, in real sessions with a
+scripted sandbox: every tool, the repair loop, caching, every stop_reason, the cost cap, the deadline,
+knob merging, parents and duplicates, the notebook."""
+
+import time
 
 import pytest
 
 from agent.planners.anthropic_planner import AnthropicPlanner
-from agent.planners.base import PlannerExhausted, PlannerFailure, PlannerView
+from agent.planners.prices import Price, UnknownModelPrice, parse_price, price_for
 from agent.session import Session
-from sandbox.candidate import parse_knobs
 from tasks.registry import get_task
 from traces.loader import load
+from traces.results import BuildResult, FailureClass
 
-from .fake_anthropic import FakeAnthropic, error, message, tool_use
-from .fake_sandbox import FakeSandbox, timed
-from .trace_fixtures import DEVICE
+from .fake_anthropic import FakeAnthropic, calls, error, message, tool_use
+from .fake_sandbox import FakeSandbox, failed, timed
 
 KEY = "sk-ant-api03-" + "K" * 48
-SRC = "// @knob A 2 {1,2,3}\n__global__ void k() { int unroll = 4; }\n"
-GOOD = {"hypothesis": "unroll more", "predicted_change": "-3%",
-        "edits": [{"search": "int unroll = 4;", "replace": "int unroll = 8;"}], "knobs": {"A": 3}}
+SRC = """// @knob A 2 {1,2,3}
+// @knob B 8 {8,16}
+__device__ float ss_init() { float ss = 0.0f; return ss; }
+__global__ void k() { int unroll = 4; }
+"""
+TASK = get_task("kimi_linear", "small")
+FASTER = {"search": "int unroll = 4;", "replace": "int unroll = 8;"}
 
 
 @pytest.fixture(autouse=True)
@@ -24,12 +31,17 @@ def api_key(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
 
 
-def view() -> PlannerView:
-    return PlannerView(task_name="t", task_description="d", dims={}, context_lengths=[2048],
-                       bytes_per_step={2048: 10**8}, hardware=DEVICE, abi="struct P {};", best_id="seed",
-                       best_source=SRC, best_knobs={"A": 2}, declared_knobs=parse_knobs(SRC),
-                       best_us_per_ctx={2048: 200.0}, baseline_us_per_ctx={2048: 15000.0}, history=[],
-                       budget_left_s=500)
+def sandbox(cand, _opts):
+    """'SYNTAX' does not build, 'BUG' is wrong, every 'unroll = 8' and A=3 make it faster."""
+    if "SYNTAX" in cand.source:
+        res = failed(cand, FailureClass.build, "build", "candidate.cu(4): error: expected a \";\"")
+        res.build = BuildResult(ok=False, key="k", error=res.failure.message,
+                                log="candidate.cu(4): error: expected a \";\"\n  __global__ void k() { SYNTAX }\n")
+        return res
+    if "BUG" in cand.source:
+        return failed(cand, FailureClass.wrong, "check", "step seed=0 ctx=1: tensor out cos=0.1 rel_l2=1.3")
+    k = cand.resolved_knobs()
+    return timed(cand, 100.0 - 10 * cand.source.count("unroll = 8") - 5 * (k["A"] == 3))
 
 
 def planner(url, **kw) -> AnthropicPlanner:
@@ -37,70 +49,185 @@ def planner(url, **kw) -> AnthropicPlanner:
                             **kw)
 
 
-def test_transient_errors_are_retried_then_the_tool_call_is_used():
-    script = [error(429, "rate_limit_error"), error(529, "overloaded_error"), error(500, "api_error"),
-              tool_use(GOOD, {"cache_creation_input_tokens": 5000})]
+def run(tmp_path, script, budget=120.0, **kw):
     with FakeAnthropic(script) as srv:
-        p = planner(srv.url)
-        out = p.propose(view())
-    assert len(srv.requests) == 4
-    assert out.source == SRC.replace("unroll = 4", "unroll = 8") and out.knobs == {"A": 3}
-    assert out.llm.retries == 3 and out.llm.calls == 1
-    assert out.llm.cost_usd == pytest.approx((1200 * 3 + 300 * 15 + 5000 * 3.75) / 1e6)
-    req = srv.requests[-1]
-    assert req["system"][0]["cache_control"] == {"type": "ephemeral"}          # cached static prefix
-    assert req["tools"][0]["name"] == "propose_kernel" and req["model"] == "claude-sonnet-4-5"
-    sent = srv.headers[-1].get("x-api-key", "") + srv.headers[-1].get("authorization", "")
-    assert KEY in sent  # the SDK authenticates with it; the planner stores it nowhere
-
-
-def test_bad_replies_go_back_to_the_model_with_the_exact_error():
-    bad_edit = {**GOOD, "edits": [{"search": "int unroll = 5;", "replace": "x"}]}
-    malformed = {"hypothesis": "h", "predicted_change": "p", "knobs": "not-an-object"}
-    script = [message([{"type": "text", "text": "thinking aloud, no tool"}], stop="end_turn"),
-              tool_use(malformed, tid="t2"), tool_use(bad_edit, tid="t3"),
-              tool_use(GOOD, {"cache_read_input_tokens": 5000}, tid="t4")]
-    errors = []
-    with FakeAnthropic(script) as srv:
-        p = planner(srv.url)
-        p.on_error = lambda msg, usage: errors.append(msg)
-        out = p.propose(view())
-    assert out.hypothesis == "unroll more" and out.llm.calls == 4 and out.llm.cache_read_tokens == 5000
-    assert "no propose_kernel tool call" in errors[0]
-    assert "knobs" in errors[1] and "search text not found" in errors[2]
-    last = srv.requests[-1]["messages"]
-    assert last[-1]["content"][0]["type"] == "tool_result" and last[-1]["content"][0]["is_error"] is True
-    assert "search text not found" in last[-1]["content"][0]["content"]
-
-
-def test_turn_retries_are_bounded():
-    script = [message([{"type": "text", "text": "no"}], stop="end_turn")] * 3
-    with FakeAnthropic(script) as srv, pytest.raises(PlannerFailure, match="no usable proposal after 3"):
-        planner(srv.url, max_turn_retries=2).propose(view())
-
-
-def test_cost_cap_ends_planning():
-    with FakeAnthropic([tool_use(GOOD, {"output_tokens": 100000})]) as srv:
-        p = planner(srv.url, max_cost_usd=1.0)
-        p.propose(view())
-        with pytest.raises(PlannerExhausted, match="cost cap"):
-            p.propose(view())
-
-
-def test_a_session_records_usage_and_never_the_key(tmp_path):
-    second = {"hypothesis": "fewer units", "predicted_change": "+1%", "knobs": {"A": 1}}
-    script = [error(429, "rate_limit_error"), tool_use(GOOD), tool_use(second)]
-    task = get_task("kimi_linear", "small")
-    with FakeAnthropic(script) as srv:
-        sandbox = FakeSandbox(lambda c, o: timed(c, 90.0 if "unroll = 8" in c.source else 100.0))
-        s = Session(task, planner(srv.url, max_cost_usd=100), sandbox, 60.0, tmp_path, start_source=SRC)
+        s = Session(TASK, planner(srv.url, **kw), FakeSandbox(sandbox), budget, tmp_path / "run", start_source=SRC)
         summary = s.run()
-    text = (tmp_path / "trace.jsonl").read_text()
-    assert KEY not in text
-    trace = load(tmp_path / "trace.jsonl")
-    proposals = [e for e in trace.events if e.type == "proposal"]
-    assert proposals[0].llm.retries == 1 and proposals[0].llm.cost_usd > 0
-    assert len(proposals) == 2 and proposals[1].knobs == {"A": 1}
-    charged = [e.llm.cost_usd for e in trace.events if e.type in ("proposal", "planner_error") and e.llm]
-    assert summary.llm_cost_usd == pytest.approx(sum(charged)) and summary.llm_cost_usd > 0
-    assert trace.start.planner_settings["model"] == "claude-sonnet-4-5"
+    return s, summary, srv, load(tmp_path / "run" / "trace.jsonl")
+
+
+def last_result(request) -> str:
+    """The text of the last tool_result the planner sent."""
+    blocks = [b for b in request["messages"][-1]["content"] if b.get("type") == "tool_result"]
+    return blocks[-1]["content"] if blocks else ""
+
+
+def test_every_study_tool_runs_and_is_recorded(tmp_path):
+    script = [calls(("outline", {"version": "best"})),
+              calls(("read", {"symbol": "ss_init"}), ("read", {"start": 4, "end": 4})),
+              calls(("diagnose", {"version": "seed"})),
+              calls(("note", {"kind": "prediction", "text": "unroll 8 halves the loop overhead: -10 us", "refs": []}),
+                    ("propose", {"name": "u8", "hypothesis": "unroll 8", "predicted_us": {"2048": 90.0},
+                                 "edits": [FASTER]})),
+              calls(("compare", {"a": "seed", "b": "u8", "rounds": 2})),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script)
+    assert summary.reason.startswith("planner finished: the model finished: done") and summary.kept == 1
+    tools = {e.tool: e for e in trace.events if e.type == "tool_call"}
+    assert set(tools) == {"outline", "read", "diagnose", "note", "compare"} and all(t.ok for t in tools.values())
+    assert "function ss_init" in tools["outline"].output and "3| __device__ float ss_init" in srv.requests[2][
+        "messages"][-1]["content"][0]["content"]
+    assert "seed: correct" in tools["diagnose"].output
+    assert "speedup of B over A" in tools["compare"].output and tools["compare"].device_s >= 0
+    assert len(tools["compare"].versions) == 4   # two rounds of A and B, each an Evaluate event in the trace
+    note = next(e for e in trace.events if e.type == "note")
+    assert note.kind == "prediction" and "halves" in note.text
+    proposal = next(e for e in trace.events if e.type == "proposal")
+    assert proposal.name == "u8" and proposal.predicted_us == {2048: 90.0} and proposal.parent_id == "seed"
+    assert "u8" in last_result(srv.requests[4]) or "kept" in last_result(srv.requests[4])
+
+
+def test_a_failed_build_comes_back_with_its_log_and_is_repaired(tmp_path):
+    broken = {"search": "int unroll = 4;", "replace": "int unroll = 8; SYNTAX"}
+    fix = {"search": "int unroll = 8; SYNTAX", "replace": "int unroll = 8;"}
+    script = [tool_use({"name": "v1", "hypothesis": "unroll 8", "edits": [broken]}),
+              tool_use({"parent": "v1", "name": "v1-fixed", "hypothesis": "repair", "edits": [fix]}, tid="t2"),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script)
+    shown = last_result(srv.requests[1])
+    assert "build failed" in shown and "expected a" in shown and "propose with parent='p1'" in shown
+    p2 = next(e for e in trace.events if e.type == "proposal" and e.id == "p2")
+    assert p2.parent_id == "p1" and summary.kept == 1 and s.best.id == "p2"
+
+
+def test_repairs_in_a_row_are_bounded(tmp_path):
+    bug = [{"search": "int unroll = 4;", "replace": "int unroll = 4; BUG"}]
+    def again(n):
+        return [{"search": "BUG" + "x" * (n - 1), "replace": "BUG" + "x" * n}]
+
+    script = [tool_use({"name": "b1", "hypothesis": "x", "edits": bug}),
+              tool_use({"parent": "b1", "name": "b2", "hypothesis": "x", "edits": again(1)}, tid="t2"),
+              tool_use({"parent": "b2", "name": "b3", "hypothesis": "x", "edits": again(2)}, tid="t3"),
+              tool_use({"parent": "b3", "name": "b4", "hypothesis": "x", "edits": again(3)}, tid="t4"),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script, max_repairs=3)
+    assert summary.failed_by_class == {"wrong": 3}
+    refused = next(e for e in trace.events if e.type == "planner_error" and "failed versions in a row" in e.message)
+    assert "p3 ends 3 failed versions" in refused.message
+    assert "diverging" in last_result(srv.requests[1]) or "tensor out" in last_result(srv.requests[1])
+
+
+def test_parents_by_name_knobs_merge_and_duplicates_are_refused_before_the_gpu(tmp_path):
+    script = [tool_use({"name": "a3", "hypothesis": "A=3", "knobs": {"A": 3}}),
+              tool_use({"parent": "a3", "name": "a3-u8", "hypothesis": "unroll on top", "edits": [FASTER]}, tid="t2"),
+              tool_use({"parent": "a3-u8", "hypothesis": "B=16 too", "knobs": {"B": 16}}, tid="t3"),
+              tool_use({"parent": "seed", "hypothesis": "A=3 again", "knobs": {"A": 3}}, tid="t4"),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script)
+    props = {e.id: e for e in trace.events if e.type == "proposal"}
+    assert props["p2"].parent_id == "p1" and props["p2"].knobs == {"A": 3}            # inherited
+    assert props["p3"].parent_id == "p2" and props["p3"].knobs == {"A": 3, "B": 16}   # merged
+    fails = {e.id: e.failure for e in trace.events if e.type == "failure"}
+    assert fails["p4"].cls == FailureClass.duplicate and "p1" in fails["p4"].message
+    evaluated = [(c.source_sha, c.knobs) for c, o in s.ev.calls if o.get("check", True)]
+    assert evaluated.count((props["p1"].source_sha, {"A": 3})) == 1                    # never on the GPU twice
+    assert "duplicate" in last_result(srv.requests[4])
+
+
+def test_cache_breakpoints_and_cache_reads_over_several_turns(tmp_path):
+    script = [calls(("outline", {}), usage={"cache_creation_input_tokens": 4000}),
+              calls(("read", {"start": 1, "end": 2}), usage={"cache_read_input_tokens": 4000}),
+              tool_use({"hypothesis": "unroll", "edits": [FASTER]}, {"cache_read_input_tokens": 4500}, tid="t3"),
+              calls(("finish", {"reason": "done"}), usage={"cache_read_input_tokens": 5200})]
+    s, summary, srv, trace = run(tmp_path, script)
+    for req in srv.requests:
+        assert req["system"][-1]["cache_control"] == {"type": "ephemeral"}
+        marks = [b for m in req["messages"] for b in m["content"] if "cache_control" in b]
+        assert len(marks) == 1 and marks[0] is req["messages"][-1]["content"][-1]
+        assert [t["name"] for t in req["tools"]] == ["outline", "read", "profile", "diagnose", "compare", "note",
+                                                     "propose", "finish"]
+    assert "Outline of the starting version seed" in srv.requests[0]["system"][-1]["text"]
+    p1 = next(e for e in trace.events if e.type == "proposal")
+    assert p1.llm.calls == 3 and p1.llm.cache_read_tokens == 8500 and p1.llm.cache_write_tokens == 4000
+    assert summary.llm_cost_usd == pytest.approx(
+        (4 * 1200 * 3 + 4 * 300 * 15 + 4000 * 3.75 + (4000 + 4500 + 5200) * 0.30) / 1e6)
+
+
+def test_every_stop_reason_is_handled(tmp_path):
+    script = [message([{"type": "text", "text": "thinking"}], stop="end_turn"),
+              message([{"type": "text", "text": "x"}], stop="stop_sequence"),
+              tool_use({"hypothesis": "cut"}, stop="max_tokens"),
+              message([{"type": "text", "text": "working"}], stop="pause_turn"),
+              message([], stop="model_context_window_exceeded"),
+              tool_use({"hypothesis": "unroll", "edits": [FASTER]}, tid="t9"),
+              message([{"type": "text", "text": "I will not"}], stop="refusal")]
+    s, summary, srv, trace = run(tmp_path, script)
+    errors = [e.message for e in trace.events if e.type == "planner_error"]
+    assert any("no tool call" in m and "end_turn" in m for m in errors)
+    assert any("stop_sequence" in m for m in errors) and any("max_tokens" in m for m in errors)
+    after_cut = srv.requests[3]["messages"][-1]["content"]
+    assert after_cut[0]["is_error"] and "token limit" in after_cut[-1]["text"]
+    assert srv.requests[4]["messages"][-1]["role"] == "assistant"          # pause_turn: sent back as it was
+    assert any(e.type == "note" and e.kind == "context" for e in trace.events)  # the window overflow compacted
+    assert summary.kept == 1
+    assert "refused" in summary.reason and any("refused" in m for m in errors)
+
+
+def test_context_compaction_keeps_summaries_and_notes_it(tmp_path):
+    script = [calls(("read", {"start": 1, "end": 4}), usage={"input_tokens": 1000}),
+              calls(("outline", {}), usage={"input_tokens": 1000}),
+              calls(("read", {"symbol": "ss_init"}), usage={"input_tokens": 200_000}),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script, keep_recent_messages=2)
+    first_result = srv.requests[3]["messages"][2]["content"][0]["content"]
+    assert first_result.startswith("[summary] read lines 1-4 of seed")
+    assert any(e.type == "note" and e.kind == "context" and "summaries" in e.text for e in trace.events)
+
+
+def test_the_cost_cap_holds_before_every_call(tmp_path):
+    script = [calls(("outline", {}), usage={"output_tokens": 4000})] * 10
+    s, summary, srv, trace = run(tmp_path, script, max_cost_usd=0.35, max_tokens=8000)
+    assert "cost cap" in summary.reason and summary.llm_cost_usd <= 0.35
+    assert len(srv.requests) < 10
+
+
+def test_calls_and_retries_end_at_the_session_deadline(tmp_path):
+    t0 = time.monotonic()
+    s, summary, srv, trace = run(tmp_path, [error(529, "overloaded_error")] * 1000, budget=9.0,
+                                 api_retries=1000)
+    assert time.monotonic() - t0 < 15
+    assert summary.reason in ("budget",) or "budget" in summary.reason or "planner failed" in summary.reason
+
+
+def test_a_broken_response_body_is_a_planner_failure_and_the_session_goes_on(tmp_path):
+    script = [(200, b"<html>proxy error</html>"), (200, b'{"id": "msg", "type": "mess'),
+              tool_use({"hypothesis": "unroll", "edits": [FASTER]}), calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script)
+    errors = [e.message for e in trace.events if e.type == "planner_error"]
+    assert sum("unusable API response" in m or "API error" in m for m in errors) == 2
+    assert summary.kept == 1
+
+
+def test_prices_are_data_and_unknown_models_are_refused():
+    assert price_for("claude-opus-4-5-20251101").input == 5.0 and price_for("claude-opus-4-1").input == 15.0
+    assert price_for("claude-haiku-4-5-20251001").output == 5.0
+    with pytest.raises(UnknownModelPrice, match="--price"):
+        price_for("gpt-9")
+    assert price_for("gpt-9", parse_price("2,8")) == Price(input=2, output=8, cache_write=2.5, cache_read=0.2)
+    haiku = price_for("claude-haiku-5-5")
+    assert haiku.cost(150_000, 0, 0, 0) == pytest.approx(150_000 * 0.50 / 1e6)   # the long-prompt tier
+    with pytest.raises(ValueError):
+        AnthropicPlanner(model="some-new-model")
+
+
+def test_a_resumed_session_starts_from_the_recorded_spend(tmp_path):
+    script = [tool_use({"hypothesis": "unroll", "edits": [FASTER]}, {"output_tokens": 20000}),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script)
+    spent = summary.llm_cost_usd
+    assert spent > 0.3
+    with FakeAnthropic([calls(("outline", {}))] * 5) as srv2:
+        resumed = Session(TASK, planner(srv2.url, max_cost_usd=spent + 0.05), FakeSandbox(sandbox), 60,
+                          tmp_path / "run", resume=trace)
+        summary2 = resumed.run()
+    assert "cost cap" in summary2.reason and len(srv2.requests) == 0

@@ -1,5 +1,10 @@
 """GPU: the sandbox end to end on the smoke task, including every kind of broken candidate."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,3 +84,70 @@ def test_knob_variant_is_a_different_build_and_correct(pool):
     a = pool.evaluate(Candidate(source=SEED, knobs={"KSPLIT": 16, "THREADS": 128}), time=False)
     b = pool.evaluate(Candidate(source=SEED), time=False)
     assert a.ok and b.ok and a.key != b.key and a.knobs["KSPLIT"] == 16
+
+
+HANGING_PARENT = """
+import sys
+sys.path.insert(0, {root!r})
+from sandbox.candidate import Candidate
+from sandbox.pool import Evaluator
+from sandbox.protocol import PhaseTimeouts
+ev = Evaluator("w4a16_gemv", "full", work_dir={work!r}, timeouts=PhaseTimeouts(check=900, time=900))
+ev.evaluate(Candidate(source={source!r}), time=False)
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping, not a zombie waiting to be reaped (a killed process whose parent died first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gpu_pids() -> set[int]:
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout
+    return {int(x) for x in out.split()}
+
+
+def test_a_hung_kernels_worker_dies_with_its_killed_parent(tmp_path):
+    source = BAD["infinite loop"][0]
+    parent = subprocess.Popen([sys.executable, "-c", HANGING_PARENT.format(root=str(ROOT), work=str(tmp_path),
+                                                                           source=source)])
+    try:
+        deadline = time.monotonic() + 240
+        workers: set[int] = set()
+        while time.monotonic() < deadline and not workers:
+            workers = _descendants(parent.pid) & _gpu_pids()
+            time.sleep(1)
+        assert workers, "the worker never took the GPU"
+        time.sleep(15)   # build, then the first launch: the kernel now spins
+        family = _descendants(parent.pid)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        gone = time.monotonic() + 20
+        while time.monotonic() < gone and (workers & _gpu_pids() or any(_alive(p) for p in family)):
+            time.sleep(0.5)
+        assert not workers & _gpu_pids(), "the hung worker still holds the GPU"
+        assert not [p for p in family if _alive(p)], "a process of the killed session survived"
+    finally:
+        parent.kill()
+        parent.wait()

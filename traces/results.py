@@ -14,6 +14,7 @@ class FailureClass(str, Enum):
     wrong = "wrong"      # ran, but a check failed (values, NaN, unwritten output, race, more launches)
     slower = "slower"    # correct but not faster than the best beyond noise (set by the session)
     infra = "infra"      # our side broke (no GPU, worker start failed, bad request)
+    duplicate = "duplicate"  # the same source and knobs as a version already evaluated (refused before the GPU)
 
 
 class Failure(BaseModel):
@@ -69,6 +70,7 @@ class CheckCase(BaseModel):
     untouched: dict[str, bool] = {}
     passed: bool
     message: str = ""
+    branches: list[str] = Field([], description="at a routing near-tie: each reference branch tried, how close")
 
 
 class CheckResult(BaseModel):
@@ -152,3 +154,6 @@ class EvalResult(BaseModel):
 
     def median_us(self, ctx: int) -> float | None:
         return next((t.median_us for t in self.timings if t.ctx == ctx), None)
+
+    def median_by_ctx(self) -> dict[int, float]:
+        return {t.ctx: t.median_us for t in self.timings}

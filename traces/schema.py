@@ -83,6 +83,9 @@ class Proposal(_Event):
     llm: LlmUsage | None = None
     retry_of: str | None = Field(None, description="the attempt this one repeats (it never finished, or failed "
                                                      "on our side)")
+    name: str = Field("", description="the planner's own label for this version (a parent may be named by it)")
+    predicted_us: dict[int, float] = Field({}, description="the planner's predicted µs/token per context")
+    predicted_phases: dict[str, float] = Field({}, description="predicted span (µs) of named phases")
 
 
 class Build(_Event):
@@ -130,6 +133,32 @@ class PlannerError(_Event):
     llm: LlmUsage | None = None
 
 
+class ToolCall(_Event):
+    """A planner's tool call (outline, read, profile, diagnose, compare, note) and what it cost."""
+
+    type: Literal["tool_call"] = "tool_call"
+    id: str
+    planner: str
+    tool: str
+    input: dict = {}
+    ok: bool = True
+    summary: str = Field("", description="one line: what came back (kept when old results leave the context)")
+    output: str = Field("", description="what the planner was shown, up to a limit")
+    device_s: float = Field(0.0, description="wall seconds the tool held the GPU worker")
+    versions: list[str] = Field([], description="ids of the evaluations it recorded (Evaluate events)")
+
+
+class Note(_Event):
+    """The session notebook: predictions against outcomes, observations, ideas tried and dropped."""
+
+    type: Literal["note"] = "note"
+    id: str
+    author: str
+    kind: Literal["prediction", "observation", "idea", "dropped", "context"]
+    text: str
+    refs: list[str] = []
+
+
 class SessionEnd(_Event):
     type: Literal["session_end"] = "session_end"
     best_id: str
@@ -138,7 +167,8 @@ class SessionEnd(_Event):
 
 
 Event = Annotated[
-    SessionStart | Measure | Proposal | Build | Evaluate | Decision | FailureEvent | PlannerError | SessionEnd,
+    SessionStart | Measure | Proposal | Build | Evaluate | Decision | FailureEvent | PlannerError | ToolCall | Note
+    | SessionEnd,
     Field(discriminator="type"),
 ]
 EVENT = TypeAdapter(Event)

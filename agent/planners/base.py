@@ -1,9 +1,14 @@
-"""What a planner sees and returns. A planner is one method: propose(view) -> Proposal."""
+"""What a planner sees and returns. A planner is one method: propose(view) -> PlannedVersion.
+
+A planner that studies versions (reads sources, profiles, diagnoses, compares) does it through `tools`,
+which the session attaches: every such call is recorded and paid for from the session's budget.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -11,24 +16,14 @@ from sandbox.candidate import Knob
 from traces.results import DeviceInfo
 from traces.schema import LlmUsage
 
+from ..archive import ArchivedVersion
 
-class AttemptSummary(BaseModel):
-    """One past attempt, compact: what was tried and what came of it."""
-
-    id: str
-    hypothesis: str
-    knobs: dict[str, int]
-    source_sha: str
-    outcome: str                       # measured | kept | build | timeout | crash | wrong | slower | infra
-    message: str = ""                  # compile error, failed check, decision reason
-    us_per_ctx: dict[int, float] = {}
-    registers: int | None = None
-    local_bytes: int | None = None
-    roofline: float | None = None
+if TYPE_CHECKING:
+    from ..session_tools import SessionTools
 
 
 class PlannerView(BaseModel):
-    """The read-only world of a planner: task, hardware, the best version and the history."""
+    """The read-only world of a planner: task, hardware, the best version and every version so far."""
 
     task_name: str
     task_description: str
@@ -43,7 +38,7 @@ class PlannerView(BaseModel):
     declared_knobs: list[Knob]
     best_us_per_ctx: dict[int, float]
     baseline_us_per_ctx: dict[int, float]
-    history: list[AttemptSummary]
+    archive: list[ArchivedVersion]
     budget_left_s: float
 
 
@@ -51,12 +46,20 @@ class PlannedVersion(BaseModel):
     source: str
     knobs: dict[str, int]
     hypothesis: str
-    predicted_change: str
+    predicted_change: str = ""
+    parent_id: str | None = None          # None: the best
+    name: str = ""
+    predicted_us: dict[int, float] = {}
+    predicted_phases: dict[str, float] = {}
     llm: LlmUsage | None = None
 
 
 class PlannerExhausted(Exception):
-    """The planner has nothing more to propose (search finished, replay done, cost cap)."""
+    """The planner has nothing more to propose (search finished, replay done, cost cap, it chose to finish)."""
+
+    def __init__(self, message: str, usage: LlmUsage | None = None):
+        super().__init__(message)
+        self.usage = usage
 
 
 class PlannerFailure(Exception):
@@ -73,10 +76,17 @@ ErrorHook = Callable[[str, LlmUsage | None], None]
 class Planner(ABC):
     name: str = "planner"
     on_error: ErrorHook | None = None   # the session records every failed attempt through this
+    tools: SessionTools | None = None   # attached by the session
 
     def settings(self) -> dict:
         """Recorded in the trace; never includes secrets."""
         return {}
+
+    def accepted(self, version_id: str) -> None:  # noqa: B027 - an optional hook, a no-op by default
+        """The session recorded the last proposal as `version_id` (its outcome follows in the next view)."""
+
+    def restore(self, spent_usd: float) -> None:  # noqa: B027 - an optional hook, a no-op by default
+        """A resumed session tells the planner what was already spent (cost caps hold across resumes)."""
 
     @abstractmethod
     def propose(self, view: PlannerView) -> PlannedVersion: ...

@@ -1,86 +1,157 @@
-"""Offline tuner: coordinate descent over the declared knobs, never repeating an evaluated point.
+"""Offline tuner: knob search over the archive, guided by the phase timeline, until the budget ends.
 
-From the best point it tries, knob by knob, every other declared value (nearest first). A kept
-candidate moves the best point, so the next proposals explore around it. When every single-knob
-move around the best point has been evaluated, it tries two knobs at once, each one declared value
-up or down (knobs interact: a work split that pays only with another grid shape is invisible to
-one-knob moves). When those are exhausted too, it stops. Deterministic for a given seed (the seed
-only rotates which knob goes first).
+Around a base version it tries every other declared value of one knob (nearest first), then two knobs at
+once (one declared value each, up or down: knobs interact), never repeating a point it has evaluated on
+that source. The best version is the first base; when its neighbourhood is spent, the next-fastest
+correct version becomes the base (stacking on near-misses), and after all of them, moves two values
+away around the best. Knobs are tried in the order of the phases they touch: the phase with the largest
+gap between its span and its byte floor first (a knob touches a phase when their names and the knob's
+description share words; knobs that touch none keep their declared order after the others). The
+timeline comes from a profile of the base, asked of the session once per base; without one (a task
+with no phases) the declared order stands. Deterministic for a given seed (it rotates the first knob).
 """
 
 from __future__ import annotations
 
-from sandbox.candidate import source_sha256
+import re
 
+from sandbox.candidate import Knob, parse_knobs, source_sha256
+
+from ..archive import ArchivedVersion
 from .base import PlannedVersion, Planner, PlannerExhausted, PlannerView
+
+STOP_WORDS = {"of", "the", "a", "an", "k", "per", "each", "in", "and", "to", "is", "its", "for", "on", "all", "x",
+              "slices", "units", "l0", "l1", "l2", "l3"}
+SYNONYMS = {"o_proj": "output", "g/u": "gate up", "projections": "project", "projection": "project",
+            "experts": "expert", "routed": "router", "mla": "mla attention"}
+UNKNOWN = "unknown sign; kept only if faster beyond noise at every context"
+
+
+def words(text: str) -> set[str]:
+    text = text.lower()
+    for k, v in SYNONYMS.items():
+        text = text.replace(k, f"{k} {v}")
+    return {w for w in re.split(r"[^a-z0-9_]+", text) if w and w not in STOP_WORDS}
+
+
+def phase_gaps(version: ArchivedVersion, copy_tbs: float) -> dict[str, float]:
+    """Per phase (over every context profiled): its span minus the time its bytes take at copy bandwidth."""
+    gaps: dict[str, float] = {}
+    for timeline in version.phases:
+        for row in timeline.rows:
+            floor = row.bytes / (copy_tbs * 1e6) if copy_tbs else 0.0
+            gaps[row.name] = gaps.get(row.name, 0.0) + max(0.0, row.span_us - floor)
+    return gaps
+
+
+def knob_order(knobs: list[Knob], gaps: dict[str, float]) -> list[Knob]:
+    """Knobs touching the phases with the largest gaps first (summed over the phases a knob touches)."""
+    def weight(k: Knob) -> float:
+        mine = words(f"{k.name.replace('_', ' ')} {k.doc}")
+        return sum(g for phase, g in gaps.items() if mine & words(phase))
+    return sorted(knobs, key=lambda k: -weight(k))
 
 
 class TunerPlanner(Planner):
     name = "tuner"
 
-    def __init__(self, seed: int = 0):
-        self.seed = seed
+    def __init__(self, seed: int = 0, profile: bool = True):
+        self.seed, self.profile = seed, profile
+        self.profiled: set[str] = set()
 
     def settings(self) -> dict:
-        return {"seed": self.seed,
-                "strategy": "coordinate descent, nearest values first; then two-knob adjacent steps"}
+        return {"seed": self.seed, "profile": self.profile,
+                "strategy": "coordinate descent on the archive's versions, phase-gap order, nearest values first; "
+                            "two-knob steps; next-fastest version as base; then two-value moves around the best"}
 
     def propose(self, view: PlannerView) -> PlannedVersion:
-        best = dict(view.best_knobs)
-        sha = source_sha256(view.best_source)
-        seen = {_point(a.knobs) for a in view.history if a.source_sha == sha}
-        seen.add(_point(best))
-        knobs = view.declared_knobs
-        if not knobs:
-            raise PlannerExhausted("the kernel declares no knobs")
-        start = self.seed % len(knobs)
-        order = knobs[start:] + knobs[:start]
-        for knob in order:
-            cur = best.get(knob.name, knob.default)
-            pos = knob.values.index(cur) if cur in knob.values else 0
-            for value in sorted(knob.values, key=lambda v: (abs(knob.values.index(v) - pos), v)):
-                point = {**best, knob.name: value}
-                if value == cur or _point(point) in seen:
+        by_id = {v.id: v for v in view.archive}
+        bases = [view.best_id] + [v.id for v in _fastest(view.archive) if v.id != view.best_id]
+        for base in bases:
+            planned = self._around(view, by_id, base, reach=1)
+            if planned is not None:
+                return planned
+        planned = self._around(view, by_id, view.best_id, reach=2)
+        if planned is not None:
+            return planned
+        raise PlannerExhausted("every one- and two-knob move around every correct version, and every two-value "
+                               "move around the best, has been evaluated")
+
+    def _around(self, view: PlannerView, by_id: dict[str, ArchivedVersion], base: str, reach: int):
+        source, explicit = self._base(view, base)
+        declared = parse_knobs(source)
+        if not declared:
+            return None
+        point = {k.name: k.default for k in declared} | {k: v for k, v in explicit.items()
+                                                          if k in {d.name for d in declared}}
+        sha = source_sha256(source)
+        seen = {_point(v.knobs) for v in view.archive if v.source_sha == sha and v.knobs}
+        seen.add(_point(point))
+        gaps = phase_gaps(self._profiled(base, by_id), view.hardware.copy_tbs if view.hardware else 0.0)
+        ordered = knob_order(declared, gaps) if gaps else declared
+        start = self.seed % len(ordered) if not gaps else 0
+        ordered = ordered[start:] + ordered[:start]
+        for make in (_single_moves, _pair_moves):
+            for new, moves in make(ordered, point, reach):
+                if _point(new) in seen:
                     continue
-                why = f" ({knob.doc})" if knob.doc else ""
-                direction = "up" if knob.values.index(value) > pos else "down"
+                why = f" (phase gaps: {_top(gaps)})" if gaps else ""
                 return PlannedVersion(
-                    source=view.best_source, knobs=point,
-                    hypothesis=f"{knob.name} {cur}->{value}{why}: one step {direction} around the best point "
-                               f"{view.best_id}",
-                    predicted_change="unknown sign; kept only if faster beyond noise at every context",
-                )
-        for i, a in enumerate(order):
-            for b in order[i + 1:]:
-                for point, moves in _pair_steps(best, a, b):
-                    if _point(point) in seen:
-                        continue
-                    return PlannedVersion(
-                        source=view.best_source, knobs=point,
-                        hypothesis=f"{' and '.join(moves)} together: no single-knob move around the best point "
-                                   f"{view.best_id} helps; these two may interact",
-                        predicted_change="unknown sign; kept only if faster beyond noise at every context",
-                    )
-        raise PlannerExhausted("every one-knob value and two-knob adjacent step around the best point has been "
-                               "evaluated (local optimum)")
+                    source=source, knobs=new, parent_id=base,
+                    hypothesis=f"{' and '.join(moves)} around {base}{why}", predicted_change=UNKNOWN)
+        return None
+
+    def _base(self, view: PlannerView, base: str) -> tuple[str, dict[str, int]]:
+        if base == view.best_id or self.tools is None:
+            return view.best_source, view.best_knobs
+        _, source, knobs = self.tools.version(base)
+        return source, knobs
+
+    def _profiled(self, base: str, by_id: dict[str, ArchivedVersion]) -> ArchivedVersion:
+        """The base's archive entry, profiled first (once per base) when the session can profile."""
+        if self.profile and self.tools is not None and base not in self.profiled:
+            self.profiled.add(base)
+            self.tools.call("profile", {"version": base}, self.name)
+            return self.tools.entry(base)
+        return by_id[base]
 
 
-def _pair_steps(best: dict[str, int], a, b):
-    """Points with knobs a and b each moved one declared value up or down from the best point."""
-    steps = []
-    for da in (-1, 1):
-        for db in (-1, 1):
-            point, moves = dict(best), []
-            for knob, d in ((a, da), (b, db)):
-                cur = best.get(knob.name, knob.default)
-                pos = knob.values.index(cur) if cur in knob.values else 0
-                if not 0 <= pos + d < len(knob.values):
-                    break
-                point[knob.name] = knob.values[pos + d]
-                moves.append(f"{knob.name} {cur}->{point[knob.name]}")
-            else:
-                steps.append((point, moves))
-    return steps
+def _fastest(archive: list[ArchivedVersion]) -> list[ArchivedVersion]:
+    good = [v for v in archive if v.correct and v.us_per_ctx]
+    return sorted(good, key=lambda v: v.us_per_ctx[max(v.us_per_ctx)])
+
+
+def _single_moves(knobs: list[Knob], point: dict[str, int], reach: int):
+    for knob in knobs:
+        cur = point[knob.name]
+        pos = knob.values.index(cur) if cur in knob.values else 0
+        for value in sorted(knob.values, key=lambda v: (abs(knob.values.index(v) - pos), v)):
+            if value == cur or (reach > 1 and abs(knob.values.index(value) - pos) != reach):
+                continue
+            yield {**point, knob.name: value}, [f"{knob.name} {cur}->{value}"]
+
+
+def _pair_moves(knobs: list[Knob], point: dict[str, int], reach: int):
+    """Knobs a and b each moved `reach` declared values up or down from the point."""
+    for i, a in enumerate(knobs):
+        for b in knobs[i + 1:]:
+            for da in (-reach, reach):
+                for db in (-reach, reach):
+                    new, moves = dict(point), []
+                    for knob, d in ((a, da), (b, db)):
+                        cur = point[knob.name]
+                        pos = knob.values.index(cur) if cur in knob.values else 0
+                        if not 0 <= pos + d < len(knob.values):
+                            break
+                        new[knob.name] = knob.values[pos + d]
+                        moves.append(f"{knob.name} {cur}->{new[knob.name]}")
+                    else:
+                        yield new, [" and ".join(moves) + " together"]
+
+
+def _top(gaps: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f} µs" for k, v in sorted(gaps.items(), key=lambda kv: -kv[1])[:2])
+
 
 def _point(knobs: dict[str, int]) -> tuple:
     return tuple(sorted(knobs.items()))
