@@ -1,10 +1,12 @@
 """The phase timeline from hand-made stamps: spans, waits, events, the stamp contract's checks, the
-medians and bytes of a timeline, and the Kimi task's phases and their bytes."""
+medians and bytes of a timeline, the Kimi task's phases and their bytes, how a profile runs its steps
+(on a stand-in for a stamped build), and bench's phase table."""
 
 import math
 
 import pytest
 import torch
+from rich.console import Console
 
 from sandbox.phases import (
     EVENT_NAMES,
@@ -20,10 +22,15 @@ from sandbox.phases import (
     stamp_area,
     step_phases,
 )
+from sandbox.profile import profile_phases
+from sandbox.report import print_eval
 from tasks.kimi_linear.bytes_model import phase_bytes
 from tasks.kimi_linear.config import FULL, SMALL
 from tasks.kimi_linear.task import KimiTask
 from tasks.w4a16_gemv.task import GemvTask
+
+from .trace_fixtures import phase_timeline as timeline_of_spans
+from .trace_fixtures import result
 
 US = 1000                      # stamps are in ns
 EPOCH = 1_760_000_000 * 10**9   # %globaltimer counts ns since the epoch: too large for exact doubles
@@ -130,3 +137,66 @@ def test_the_smoke_task_declares_no_phases():
     task = GemvTask("small")
     assert task.phase_names() == [] and task.phase_bytes(0) == []
 
+
+def test_bench_prints_the_phase_table_of_each_profiled_context():
+    res = result(200.0)
+    res.phases = [timeline_of_spans(2048, [40.0, 120.0]), timeline_of_spans(16384, [50.0, 130.0])]
+    console = Console(record=True, width=200)
+    print_eval(res, console)
+    text = console.export_text()
+    assert "phase timeline at ctx 2048: kernel 161.0 µs" in text and "at ctx 16384: kernel 181.0 µs" in text
+    assert "L0 phase 1 " in text and text.count("│ total ") == 2
+
+
+class StampingModel:
+    """Stands in for a stamped build: each step stamps `phases` phases of 2 blocks (phase i takes 10 + i µs,
+    each barrier 1 µs); its first step also leaves a stray row behind, as a previous kernel's stamps would."""
+
+    def __init__(self, phases: int):
+        self.phases, self.inputs = phases, []
+        self._scratch = None
+
+    def step(self, hidden, state):
+        if self._scratch is None:
+            self._scratch = torch.zeros(8 * (STAMP_WORDS + EVENT_WORDS), dtype=torch.uint8)
+            stamp_area(self._scratch)[0][2 * self.phases, :2] = 1
+        stamps, _ = stamp_area(self._scratch)
+        clock = EPOCH
+        for row in range(2 * self.phases):
+            clock += (10 + row // 2) * US if row % 2 else US * (row > 0)
+            stamps[row, :2] = clock
+        self.inputs.append(float(hidden[0]))
+        return hidden + 1000.0, state
+
+
+class TokenTask:
+    def phase_names(self):
+        return ["a", "b"]
+
+    def phase_bytes(self, ctx):
+        return [11_000_000, 22_000_000]
+
+    def make_inputs(self, seed, ctx, device):
+        return torch.tensor([float(seed)]), []
+
+    def make_token(self, seed, device):
+        return torch.tensor([float(seed)])
+
+    def rewind(self, state, ctx):
+        return state
+
+    def scratch(self, model):
+        return model._scratch
+
+
+def test_profiling_feeds_fresh_tokens_and_reads_each_steps_own_stamps(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    model = StampingModel(phases=2)
+    tl = profile_phases(TokenTask(), model, ctx=300, grid=2, device=torch.device("cpu"), steps=3)
+    assert model.inputs == [0.0, 1.0, 2.0, 3.0, 4.0]   # a token per step, never the previous output
+    # the first step's stray row was cleared before the profiled steps ("more phases" otherwise)
+    assert [(r.span_us, r.wait_us) for r in tl.rows] == [(10.0, 1.0), (11.0, 0.0)]
+    assert [r.tbs for r in tl.rows] == [pytest.approx(1.1), pytest.approx(2.0)]
+    assert (tl.ctx, tl.steps, tl.blocks, tl.kernel_us) == (300, 3, 2, 22.0)
+    with pytest.raises(PhaseStampError, match="fewer phases than the task's 2"):
+        profile_phases(TokenTask(), StampingModel(phases=1), ctx=300, grid=2, device=torch.device("cpu"))

@@ -13,6 +13,8 @@ from traces.results import (
     EvalResult,
     Failure,
     FailureClass,
+    PhaseRow,
+    PhaseTimeline,
     Resources,
     TimingResult,
 )
@@ -39,6 +41,13 @@ def timing(ctx: int, us: float, base: float = 15000.0) -> TimingResult:
                         tok_s=1e6 / us, bytes_per_step=250_000_000, achieved_tbs=250e6 / (us * 1e-6) / 1e12,
                         roofline=0.3, host_us=6.0, baseline_median_us=base, baseline_samples_us=[base] * 3,
                         speedup=base / us)
+
+
+def phase_timeline(ctx: int, spans: list[float], wait: float = 1.0) -> PhaseTimeline:
+    """Phases of the given spans (µs), each followed by a `wait` µs barrier but the last."""
+    rows = [PhaseRow(name=f"L0 phase {i}", span_us=s, mean_us=0.8 * s, wait_us=wait if i + 1 < len(spans) else 0.0,
+                     bytes=10_000_000, tbs=10e6 / (s * 1e-6) / 1e12) for i, s in enumerate(spans)]
+    return PhaseTimeline(ctx=ctx, steps=7, blocks=264, rows=rows, kernel_us=sum(r.span_us + r.wait_us for r in rows))
 
 
 def result(us: float | None, failure: Failure | None = None, knobs: dict | None = None) -> EvalResult:
