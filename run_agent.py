@@ -63,7 +63,8 @@ def cmd_bench(args) -> int:
     if not path.is_file():
         raise SystemExit(f"kernel file not found: {path}")
     cand = Candidate(source=path.read_text(), knobs=parse_knobs(args.knob))
-    options = {"contexts": args.ctx or None, "samples": args.samples}
+    options = {"contexts": args.ctx or None, "samples": args.samples,
+               "profile": (args.ctx or task.spec.context_lengths) if args.phases else []}
     with Evaluator(args.task, args.size) as ev:
         res = ev.evaluate(cand, **options)
     if res.failure and res.failure.cls == FailureClass.infra and "no CUDA GPU" in res.failure.message:
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--knob", action="append", metavar="NAME=VALUE", help="override a declared knob (repeatable)")
     b.add_argument("--ctx", type=int, action="append", help="context length to time (repeatable; default: task's)")
     b.add_argument("--samples", type=int, help="timing samples per context")
+    b.add_argument("--phases", action="store_true",
+                   help="also profile the timed contexts with a -DPHASE_STAMPS=1 build: the phase timeline")
     b.add_argument("--json", action="store_true", help="print the full result as JSON")
     b.set_defaults(func=cmd_bench)
 

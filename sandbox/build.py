@@ -6,6 +6,8 @@ reads the build facts (registers, spills, stack, shared memory) from ptxas's rep
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import time
 from pathlib import Path
@@ -45,17 +47,26 @@ def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLim
     return knobs, compile_cuda(task.prelude(), cand.source, options, limits)
 
 
+def instrumented_key(key: str, instruments: dict[str, str] | None) -> str:
+    """The build key of `key`'s candidate built with instrument switches (`key` itself without any)."""
+    if not instruments:
+        return key
+    return hashlib.sha256(json.dumps({"key": key, "instruments": instruments}, sort_keys=True).encode()).hexdigest()
+
+
 def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict, cubin_dir: Path,
-                     limits: CompileLimits | None = None):
-    """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result."""
+                     limits: CompileLimits | None = None, instruments: dict[str, str] | None = None):
+    """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result.
+    With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones."""
     from tasks.cuda_runtime import driver, load_kernel
 
     t0 = time.perf_counter()
+    key = instrumented_key(key, instruments)
     if key in cache:
         kernel, facts = cache[key]
         return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), kernel
     try:
-        knobs, out = compile_candidate(task, cand, arch, limits)
+        knobs, out = compile_candidate(task, cand, arch, limits, instruments)
     except CandidateError as e:
         return BuildResult(ok=False, key=key, error=str(e), seconds=time.perf_counter() - t0), None
     if not out.ok:

@@ -34,6 +34,7 @@ class EvalRequest(BaseModel):
     samples: int | None = None
     steps_per_sample: int | None = None
     baseline: bool = True
+    profile: list[int] = Field(default_factory=list, description="contexts whose phase timeline is wanted")
 
 
 class ProtocolError(ValueError):

@@ -1,11 +1,11 @@
-"""Render an EvalResult for people (rich table) — used by `bench` and `compare`."""
+"""Render an EvalResult for people (rich tables) — used by `bench` and `compare`."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from traces.results import EvalResult
+from traces.results import EvalResult, PhaseTimeline
 
 
 def check_summary(res: EvalResult) -> str:
@@ -41,7 +41,25 @@ def print_eval(res: EvalResult, console: Console | None = None, title: str = "")
                       f"{tm.speedup:.1f}x" if tm.speedup else "-", f"{tm.achieved_tbs:.2f}", f"{tm.roofline:.1%}",
                       f"{tm.host_us:.1f}")
         console.print(t)
+    for timeline in res.phases:
+        console.print(phase_table(timeline))
     if res.failure:
         f = res.failure
         console.print(f"[red]{f.cls.value} failure in {f.phase}[/]: {f.message}")
     console.print("phase seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in res.phase_seconds.items()))
+
+
+def phase_table(tl: PhaseTimeline) -> Table:
+    """One context's phase timeline: per phase its critical span, mean block work, barrier wait, bytes, TB/s."""
+    t = Table(title=f"phase timeline at ctx {tl.ctx}: kernel {tl.kernel_us:.1f} µs",
+              caption=f"medians of {tl.steps} steps, {tl.blocks} blocks")
+    t.add_column("phase")
+    for col in ("span µs", "mean µs", "wait µs", "MB", "TB/s"):
+        t.add_column(col, justify="right")
+    for r in tl.rows:
+        t.add_row(r.name, f"{r.span_us:.1f}", f"{r.mean_us:.1f}", f"{r.wait_us:.1f}", f"{r.bytes / 1e6:.2f}",
+                  f"{r.tbs:.2f}")
+    spans, waits, nbytes = (sum(getattr(r, k) for r in tl.rows) for k in ("span_us", "wait_us", "bytes"))
+    t.add_row("total", f"{spans:.1f}", "", f"{waits:.1f}", f"{nbytes / 1e6:.2f}",
+              f"{nbytes / (tl.kernel_us * 1e-6) / 1e12:.2f}" if tl.kernel_us > 0 else "-", style="bold")
+    return t

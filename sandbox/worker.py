@@ -16,8 +16,12 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .integrity import WeightGuard
+
+if TYPE_CHECKING:
+    from traces.results import Failure, PhaseTimeline
 
 PROTOCOL_OUT = None
 
@@ -47,25 +51,27 @@ class Worker:
         self.reference = self.task.build_reference(self.device, weight_seed)
         self.baseline = self.task.build_baseline(self.reference)
         self.guard = WeightGuard(self.reference)
-        self.candidate_model = None
+        self.models: dict = {}   # "candidate": checked and timed; "stamped": its -DPHASE_STAMPS=1 build, profiled
         self.kernels: dict = {}
         self.cubin_dir = Path(tempfile.mkdtemp(prefix="mk-cubins-"))
         self.baseline_us: dict[int, list[float]] = {}
 
-    def _candidate(self, kernel):
-        if self.candidate_model is None:
-            self.candidate_model = self.task.build_candidate(self.reference, kernel)
-        else:
-            self.candidate_model.attach(kernel)
-        return self.candidate_model
+    def _model(self, role: str, kernel):
+        """The worker's `role` model, running `kernel` from its next step (each role keeps its own weights)."""
+        if role in self.models:
+            return self.models[role].attach(kernel)
+        self.models[role] = self.task.build_candidate(self.reference, kernel)
+        return self.models[role]
 
     def evaluate(self, req) -> tuple[dict, bool]:
-        """(EvalResult as dict, retire?). After a candidate ran, the worker's weights must be intact."""
+        """(EvalResult as dict, retire?). After a candidate ran, the worker's weights must be intact (also
+        when its profile failed after its checks and timing)."""
         from traces.results import Failure, FailureClass
 
         result, retire = self._evaluate(req)
-        if self.candidate_model is not None and not retire and result["failure"] is None:
-            changed = self.guard.changed(reference=self.reference, candidate_model=self.candidate_model)
+        if self.models and not retire:
+            changed = self.guard.changed(reference=self.reference,
+                                         **{f"{role}_model": m for role, m in self.models.items()})
             if changed:
                 why = f"the candidate wrote into memory it does not own: weights {changed[:4]} changed"
                 result["failure"] = Failure(cls=FailureClass.wrong, phase="integrity", message=why).model_dump()
@@ -108,7 +114,7 @@ class Worker:
                 return res.model_dump(), False
             enter("check")
             try:
-                model = self._candidate(kernel)
+                model = self._model("candidate", kernel)
                 hidden, state = self.task.make_inputs(spec.fixed_seeds[0], spec.check_context_lengths[0], self.device)
                 model.step(hidden, state)  # first launch: packs arguments, checks co-residency
                 self.torch.cuda.synchronize()
@@ -155,6 +161,11 @@ class Worker:
                                               message=f"timed sample at ctx {ctx} (seed {bad.seed}, step "
                                                       f"{bad.verified_step} checked): {bad.message}")
                         return res.model_dump(), True
+            if req.profile:
+                enter("profile")
+                res.phases, res.failure = self._profile(cand, key, req.profile)
+                if res.failure is not None:
+                    return res.model_dump(), False
             enter("done")
             return res.model_dump(), False
         except Exception as e:  # noqa: BLE001 - classified below; the parent gets a result, never a hang
@@ -166,6 +177,30 @@ class Worker:
             return res.model_dump(), True
         finally:
             res.phase_seconds[phase] = res.phase_seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def _profile(self, cand, key: str, contexts: list[int]) -> tuple[list[PhaseTimeline], Failure | None]:
+        """(phase timelines at `contexts`, None), from the candidate's stamped build on a model of its own; or
+        ([], the Failure) when the task declares no phases or the build or its stamps do not fit them."""
+        from traces.results import Failure, FailureClass
+
+        from .build import build_for_device
+        from .phases import STAMPED_BUILD, PhaseStampError
+        from .profile import profile_phases
+
+        def failed(message: str) -> tuple[list, Failure]:
+            return [], Failure(cls=FailureClass.build, phase="profile", message=message)
+
+        if not self.task.phase_names():
+            return failed(f"task {self.task.spec.name}'s kernels declare no phases: there is nothing to profile")
+        build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, self.cubin_dir,
+                                         instruments=STAMPED_BUILD)
+        if not build.ok:
+            return failed(f"the stamped build (-DPHASE_STAMPS=1) failed: {build.error}")
+        model = self._model("stamped", kernel)
+        try:
+            return [profile_phases(self.task, model, ctx, build.resources.grid, self.device) for ctx in contexts], None
+        except PhaseStampError as e:
+            return failed(str(e))
 
     def _context_healthy(self) -> bool:
         try:

@@ -66,7 +66,7 @@ for step in "$@"; do
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
       BENCH_TASKS=kimi_linear bash "$0" bench
       bash "$0" host > /dev/null 2>&1; tail -18 "$OUT/host.log"
-      bash "$0" stamps > /dev/null 2>&1; head -32 "$OUT/stamps.log"
+      bash "$0" stamps > /dev/null 2>&1; head -58 "$OUT/stamps.log"   # the timeline at both contexts
       bash "$0" kimi > "$OUT/kimi_tests.out" 2>&1 & p1=$!
       bash "$0" upstream > "$OUT/upstream.out" 2>&1 & p2=$!
       bash "$0" agent > "$OUT/agent_tests.out" 2>&1 & p3=$!

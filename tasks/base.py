@@ -87,6 +87,19 @@ class Task(ABC):
     def rewind(self, state: State, ctx: int) -> State:
         """The same state seen as holding only `ctx` tokens (for repeatable timing)."""
 
+    # ---- phase timeline (sandbox/phases.py: what a -DPHASE_STAMPS=1 build writes, and where) ----
+    def phase_names(self) -> list[str]:
+        """The phases a stamped build of this task's kernels marks, in order; none: it cannot be profiled."""
+        return []
+
+    def phase_bytes(self, ctx: int) -> list[int]:
+        """Bytes each of phase_names() must move at `ctx`: the bytes model split by phase."""
+        return []
+
+    def scratch(self, model: torch.nn.Module) -> torch.Tensor:
+        """A candidate model's scratch buffer (MK_LAUNCH_CONTRACT's, allocated on its first step): a stamped
+        build leaves its stamps at the end of it."""
+        return model._scratch
 
     @staticmethod
     def clone_state(state: State) -> State:

@@ -1,16 +1,19 @@
 """Reports from a fixture trace, and compare's interleaving and verdicts with a scripted sandbox."""
 
+import matplotlib.pyplot as plt
 from rich.console import Console
 
 from agent.compare import Version, diff_text, print_compare, run_compare
 from agent.reexecute import print_reexecute, reexecute
 from sandbox.candidate import Candidate
 from traces.loader import load
-from traces.report import write_report
-from traces.results import FailureClass
+from traces.phases import timelines_of
+from traces.report import _draw_waterfall, write_report
+from traces.results import EvalResult, FailureClass
+from traces.schema import Evaluate
 
 from .fake_sandbox import FakeSandbox, failed, timed
-from .trace_fixtures import write_session
+from .trace_fixtures import phase_timeline, write_session
 
 PNG = b"\x89PNG"
 
@@ -29,6 +32,40 @@ def test_markdown_report_writes_plots_beside_it(tmp_path):
         png = tmp_path / f"report-{name}.png"
         assert png.read_bytes().startswith(PNG) and f"report-{name}.png" in md
     assert "| 1 | p1 |" in md
+
+
+def test_phase_timelines_of_the_seed_and_the_best_become_a_waterfall(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl", phases=True))
+    assert {v: [t.ctx for t in tls] for v, tls in timelines_of(trace).items()} == {"seed": [2048, 16384],
+                                                                                   "p1": [16384]}
+    md = write_report(trace, tmp_path / "report.md").read_text()
+    assert (tmp_path / "report-phases.png").read_bytes().startswith(PNG) and "report-phases.png" in md
+    assert write_report(trace, tmp_path / "report.html").read_text().count("data:image/png;base64,") == 4
+
+
+def test_a_later_profile_of_a_version_replaces_its_timeline_at_that_context(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl", phases=True))
+    profile = EvalResult(task="kimi_linear", size="full", key="k", phases=[phase_timeline(16384, [30.0, 90.0])])
+    trace.events.append(Evaluate(id="seed", result=profile))
+    seed = timelines_of(trace)["seed"]
+    assert [t.ctx for t in seed] == [2048, 16384] and seed[1].kernel_us == 121.0
+
+
+def test_the_waterfall_stacks_each_span_and_wait_after_the_phases_before_it():
+    fig, ax = plt.subplots()
+    _draw_waterfall(ax, phase_timeline(16384, [50.0, 130.0, 20.0], wait=2.0), "seed")
+    bars = [(p.get_x(), p.get_width()) for p in ax.patches]
+    plt.close(fig)
+    spans, waits = bars[:3], bars[3:]
+    assert spans == [(0.0, 50.0), (52.0, 130.0), (184.0, 20.0)]
+    assert waits == [(50.0, 2.0), (182.0, 2.0), (204.0, 0.0)]
+
+
+def test_a_trace_without_timelines_has_no_waterfall(tmp_path):
+    trace = load(write_session(tmp_path / "t.jsonl"))
+    assert timelines_of(trace) == {}
+    write_report(trace, tmp_path / "report.md")
+    assert not (tmp_path / "report-phases.png").exists()
 
 
 def test_compare_interleaves_and_judges(tmp_path):

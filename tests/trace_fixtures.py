@@ -13,6 +13,8 @@ from traces.results import (
     EvalResult,
     Failure,
     FailureClass,
+    PhaseRow,
+    PhaseTimeline,
     Resources,
     TimingResult,
 )
@@ -41,6 +43,13 @@ def timing(ctx: int, us: float, base: float = 15000.0) -> TimingResult:
                         speedup=base / us)
 
 
+def phase_timeline(ctx: int, spans: list[float], wait: float = 1.0) -> PhaseTimeline:
+    """Phases of the given spans (µs), each followed by a `wait` µs barrier but the last."""
+    rows = [PhaseRow(name=f"L0 phase {i}", span_us=s, mean_us=0.8 * s, wait_us=wait if i + 1 < len(spans) else 0.0,
+                     bytes=10_000_000, tbs=10e6 / (s * 1e-6) / 1e12) for i, s in enumerate(spans)]
+    return PhaseTimeline(ctx=ctx, steps=7, blocks=264, rows=rows, kernel_us=sum(r.span_us + r.wait_us for r in rows))
+
+
 def result(us: float | None, failure: Failure | None = None, knobs: dict | None = None) -> EvalResult:
     res = Resources(registers=128, local_bytes=0, static_smem=0, dynamic_smem=57568, max_threads=256, threads=256,
                     blocks_per_sm=2, blocks_fit_per_sm=2, grid=264)
@@ -52,13 +61,18 @@ def result(us: float | None, failure: Failure | None = None, knobs: dict | None 
     )
 
 
-def write_session(path: Path, finish: bool = True) -> Path:
+def write_session(path: Path, finish: bool = True, phases: bool = False) -> Path:
+    """A seed, a kept proposal (p1), a wrong one and a slower one; with `phases`, the seed's and p1's results carry
+    phase timelines (the seed's at both contexts, p1's at 16384)."""
     env = Environment(device=DEVICE, python="3.12", platform="linux", project_commit="abc123")
     with Recorder(path) as rec:
         rec.record(SessionStart(session_id="s1", task="kimi_linear", size="full",
                                 task_spec={"context_lengths": [2048, 16384]}, planner="tuner", budget_s=600,
                                 environment=env))
-        rec.record(Measure(id="seed", source_sha=source_sha256(SEED_SRC), source=SEED_SRC, result=result(200.0)))
+        seed = result(200.0)
+        if phases:
+            seed.phases = [phase_timeline(2048, [40.0, 120.0]), phase_timeline(16384, [50.0, 130.0])]
+        rec.record(Measure(id="seed", source_sha=source_sha256(SEED_SRC), source=SEED_SRC, result=seed))
         steps = [("p1", {"A": 2}, 180.0, None, True), ("p2", {"A": 1}, None, FailureClass.wrong, False),
                  ("p3", {"A": 2}, 181.0, FailureClass.slower, False)]
         best = "seed"
@@ -68,6 +82,8 @@ def write_session(path: Path, finish: bool = True) -> Path:
                                 knobs=knobs))
             r = result(us, Failure(cls=fcls, phase="check", message="x") if fcls == FailureClass.wrong else None,
                        knobs)
+            if phases and pid == "p1":
+                r.phases = [phase_timeline(16384, [45.0, 110.0])]
             rec.record(Build(id=pid, result=r.build))
             rec.record(Evaluate(id=pid, result=r))
             if fcls is not None:

@@ -1,8 +1,8 @@
 """Session reports: HTML (plots embedded) or Markdown (plots beside it), from a trace alone.
 
 Plots: best-so-far µs/token over the attempts with every attempt as a point coloured by outcome,
-per-context speedup of the seed and the best over the baseline, and the fraction of the memory
-roofline each reaches.
+per-context speedup of the seed and the best over the baseline, the fraction of the memory
+roofline each reaches, and, where the trace holds their phase timelines, a waterfall of each.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .loader import Trace  # noqa: E402
+from .phases import timelines_of  # noqa: E402
 from .render import primary_ctx, timeline  # noqa: E402
-from .results import EvalResult  # noqa: E402
+from .results import EvalResult, PhaseTimeline  # noqa: E402
 
 COLORS = {"measured": "#1f77b4", "kept": "#2ca02c", "reverted": "#bcbd22", "slower": "#bcbd22", "wrong": "#d62728",
           "build": "#9467bd", "timeout": "#8c564b", "crash": "#e377c2", "infra": "#7f7f7f", "unfinished": "#7f7f7f"}
@@ -82,7 +83,48 @@ def plots(trace: Trace) -> dict[str, bytes]:
             ax.set_ylabel(ylabel)
             ax.legend(fontsize=8)
             out[name] = _png(fig)
+    waterfall = _waterfall(trace, best_id)
+    if waterfall:
+        out["phases.png"] = waterfall
     return out
+
+
+def _waterfall(trace: Trace, best_id: str) -> bytes | None:
+    """The seed's and the best's phase timelines side by side at one context (the primary one if both have
+    it); None when neither has a timeline or they share no context."""
+    timelines = timelines_of(trace)
+    seed_id = trace.measure.id if trace.measure else ""
+    ids = [v for v in dict.fromkeys((seed_id, best_id)) if v in timelines]
+    ctxs = set.intersection(*({t.ctx for t in timelines[v]} for v in ids)) if ids else set()
+    if not ctxs:
+        return None
+    ctx = primary_ctx(trace) if primary_ctx(trace) in ctxs else max(ctxs)
+    rows = max(len(t.rows) for v in ids for t in timelines[v])
+    fig, axes = plt.subplots(1, len(ids), figsize=(6 * len(ids), 1.2 + 0.26 * rows), sharex=True, sharey=True,
+                             squeeze=False)
+    shown = [next(t for t in timelines[v] if t.ctx == ctx) for v in ids]
+    for ax, vid, tl in zip(axes[0], ids, shown, strict=True):
+        _draw_waterfall(ax, tl, "seed" if vid == seed_id else f"best ({vid})")
+    axes[0][0].invert_yaxis()   # shared: the first phase on top in every panel
+    axes[0][0].set_xlim(0, 1.03 * max(tl.kernel_us for tl in shown))
+    axes[0][-1].legend(fontsize=7, loc="upper right")
+    return _png(fig)
+
+
+def _draw_waterfall(ax, tl: PhaseTimeline, label: str) -> None:
+    """Each phase a bar from where the one before it ended: its span, then its barrier wait."""
+    starts, t = [], 0.0
+    for r in tl.rows:
+        starts.append(t)
+        t += r.span_us + r.wait_us
+    ys = range(len(tl.rows))
+    spans = [r.span_us for r in tl.rows]
+    ax.barh(ys, spans, left=starts, color="#1f77b4", label="span (critical path)")
+    ax.barh(ys, [r.wait_us for r in tl.rows], left=[s + w for s, w in zip(starts, spans, strict=True)],
+            color="#bbbbbb", label="barrier wait")
+    ax.set_yticks(list(ys), [r.name for r in tl.rows], fontsize=7)
+    ax.set_xlabel("µs from the kernel's start")
+    ax.set_title(f"{label}: {tl.kernel_us:.1f} µs at ctx {tl.ctx}", fontsize=9)
 
 
 def _summary_rows(trace: Trace) -> list[tuple[str, str]]:

@@ -132,8 +132,34 @@ class DeviceInfo(BaseModel):
     capability: str
 
 
+class PhaseRow(BaseModel):
+    """One phase of a step as its stamps show it (medians over the profiled steps)."""
+
+    name: str
+    span_us: float = Field(description="critical path: first release into the phase to the last arrival after it")
+    mean_us: float = Field(description="the average block's own work: its release to its arrival")
+    wait_us: float = Field(description="the barrier after it: last arrival to first release (0 after the last phase)")
+    bytes: int = Field(description="what the phase must move, by the task's bytes model")
+    tbs: float = Field(description="bytes / span, TB/s")
+    events: dict[str, float] = Field({}, description="µs from a block's release to each event it stamped, mean "
+                                                     "over the blocks that stamped it")
+    critical: dict[str, float] = Field({}, description="the critical block's (last to arrive) 'released' (µs from "
+                                                       "the phase's first release), events and 'arrived' (µs from "
+                                                       "its own release)")
+
+
+class PhaseTimeline(BaseModel):
+    """Where one step's time goes, phase by phase, at one context (from a -DPHASE_STAMPS=1 build)."""
+
+    ctx: int
+    steps: int = Field(description="profiled steps the medians are over")
+    blocks: int = Field(description="blocks whose stamps were read")
+    rows: list[PhaseRow]
+    kernel_us: float = Field(description="sum of the spans and waits: the kernel's first start to its last end")
+
+
 class EvalResult(BaseModel):
-    """Everything one evaluation produced; `failure` is None only when build, checks and timing all passed."""
+    """Everything one evaluation produced; `failure` is None only when build, checks, timing and profile all passed."""
 
     task: str
     size: str
@@ -145,6 +171,7 @@ class EvalResult(BaseModel):
     launches: LaunchCount | None = None
     failure: Failure | None = None
     phase_seconds: dict[str, float] = {}
+    phases: list[PhaseTimeline] = Field([], description="phase timelines of the profiled contexts")
     device: DeviceInfo | None = None
     worker_pid: int | None = None
 

@@ -9,6 +9,7 @@ from ..cuda_runtime import CompiledKernel
 from ..spec import TaskSpec, Tolerance
 from .baseline import BaselineModel
 from .bytes_model import bytes_per_step
+from .bytes_model import phase_bytes as bytes_by_phase
 from .config import CONFIGS
 from .inputs import build_model, init_state, init_token
 from .megakernel import MegakernelModel, kernel_defines, kernel_prelude
@@ -148,6 +149,13 @@ class KimiTask(Task):
             if kind == "M":
                 st["c_kv"], st["k_rope"] = st["c_kv"][:ctx], st["k_rope"][:ctx]
         return state
+
+    def phase_names(self) -> list[str]:
+        """Per layer, the phases between the seed's grid barriers (5 per KDA layer, 7 per MLA layer)."""
+        return list(bytes_by_phase(self.cfg, 0))
+
+    def phase_bytes(self, ctx: int) -> list[int]:
+        return list(bytes_by_phase(self.cfg, ctx).values())
 
 
 
