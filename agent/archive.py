@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from sandbox.candidate import Candidate, CandidateError
 from traces.loader import Trace
-from traces.results import EvalResult
+from traces.results import EvalResult, PhaseTimeline
 
 CORRECT = ("measured", "kept", "slower")
 
@@ -32,7 +32,7 @@ class ArchivedVersion(BaseModel):
     registers: int | None = None
     spill_bytes: int | None = None
     local_bytes: int | None = None
-    phases: list = []
+    phases: list[PhaseTimeline] = []
 
     @property
     def correct(self) -> bool:
@@ -74,7 +74,7 @@ class Archive:
         if key is not None and not retryable:
             self._keys.setdefault(key, version.id)
 
-    def add_phases(self, vid: str, phases: list) -> None:
+    def add_phases(self, vid: str, phases: list[PhaseTimeline]) -> None:
         self._versions[vid].phases = phases
 
     def __contains__(self, vid: str) -> bool:
@@ -159,4 +159,4 @@ def archived(vid: str, parent: str | None, name: str, hypothesis: str, source_sh
         us_per_ctx={t.ctx: t.median_us for t in res.timings} if res is not None else {},
         registers=r.registers if r else None, local_bytes=r.local_bytes if r else None,
         spill_bytes=build.spill_bytes if build is not None and r else None,
-        phases=list(getattr(res, "phases", []) or []) if res is not None else [])
+        phases=list(res.phases) if res is not None else [])

@@ -27,6 +27,8 @@ KERNEL = "kernels/kimi_linear/seed.cu"
 CONTEXTS = (2048, 8192, 16384)
 TRIPLE = re.compile(r"->\s*(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)")
 CONTEXT_LINES = 3
+TYPO_AT = "c0861b6"       # the commit proposed first with a typo, then repaired
+SLOWER_AFTER = "a54535b"  # the commit after which a slower knob change is tried
 
 
 def git(*args: str, root: Path) -> str:
@@ -98,13 +100,13 @@ def script(start: str, end: str, root: Path, skip: set[str] = frozenset()) -> tu
                         "score only the cached tokens; the new token's row is appended in the same step and its "
                         "score costs a tile of its own"), edits=bad)),
                       turn(use("diagnose", version="attn-skip-new-token"))]
-        if n == 10:  # the same change with a typo: it does not build; diagnosed and repaired
+        if sha.startswith(TYPO_AT):  # the same change with a typo: it does not build; diagnosed and repaired
             new_source = sources[sha]
             anchor = "__device__ float block_sum(float v, float* red) {"
-            typo = new_source.replace(anchor, anchor.replace("{", ""), 1)
+            typo = new_source.replace(anchor, anchor[:-2], 1)
             broken = dict(proposal, name=f"{sha}-typo", edits=[e.model_dump() for e in edits_between(
                 sources[prev], typo)])
-            repair = one_edit(typo, anchor.replace("{", ""), anchor)
+            repair = one_edit(typo, anchor[:-2] + "\n", anchor + "\n")
             turns += [turn(use("note", kind="prediction", text=f"{subject[:300]}; predicted {prediction(message)}",
                                refs=[parent]), use("propose", **broken)),
                       turn(use("diagnose", version=f"{sha}-typo")),
@@ -113,7 +115,7 @@ def script(start: str, end: str, root: Path, skip: set[str] = frozenset()) -> tu
             turns.append(turn(use("profile", version=name)))
         else:
             turns.append(turn(use("propose", **proposal)))
-        if n == 12:  # a knob change that should cost time: no prefetch of the next phase's first chunk
+        if sha.startswith(SLOWER_AFTER):  # a knob change that should cost time: no prefetch of the next phase
             turns.append(turn(use("propose", parent=name, name="no-prefetch", hypothesis=(
                 "PREFETCH 0: the next phase's first chunk may contend with the current phase's stream"),
                 knobs={"PREFETCH": 0})))

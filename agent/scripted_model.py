@@ -123,14 +123,20 @@ class ScriptedModel:
                      "usage": _usage(body, previous, content)}
 
 
+def _unmarked(messages: list[dict]) -> list[dict]:
+    """Messages without their cache breakpoints (a breakpoint moves; the content it marks does not)."""
+    return [{**m, "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]]
+             if isinstance(m.get("content"), list) else m.get("content")} for m in messages]
+
+
 def _usage(body: dict, previous: dict | None, content: list[dict]) -> dict:
     """Estimated tokens of a request under prompt caching: the tools and system prompt are cached once, and the
     previous request's messages are read from the cache when this request extends them."""
     prefix = _tokens(body.get("tools", [])) + _tokens(body.get("system", []))
-    messages = body.get("messages", [])
+    messages = _unmarked(body.get("messages", []))
     same_prefix = previous is not None and previous.get("system") == body.get("system")
-    seen = len(previous["messages"]) if same_prefix and previous["messages"] == messages[: len(previous["messages"])] \
-        else 0
+    before = _unmarked(previous["messages"]) if same_prefix else []
+    seen = len(before) if same_prefix and before == messages[: len(before)] else 0
     read = (prefix if same_prefix else 0) + (_tokens(messages[:seen]) if seen else 0)
     write = (0 if same_prefix else prefix) + _tokens(messages[seen:])
     return {"input_tokens": 3, "output_tokens": _tokens(content), "cache_creation_input_tokens": write,

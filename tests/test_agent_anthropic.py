@@ -231,3 +231,43 @@ def test_a_resumed_session_starts_from_the_recorded_spend(tmp_path):
                           tmp_path / "run", resume=trace)
         summary2 = resumed.run()
     assert "cost cap" in summary2.reason and len(srv2.requests) == 0
+
+
+def test_the_profile_tool_shows_the_phase_timeline_and_records_it(tmp_path):
+    from traces.phases import timelines_of
+    from traces.results import PhaseRow, PhaseTimeline
+
+    def profiled(cand, opts):
+        res = sandbox(cand, opts)
+        if opts.get("profile"):
+            rows = [PhaseRow(name="L0 kda project", span_us=20.5, mean_us=15, wait_us=1.5, bytes=20_000_000, tbs=0.98)]
+            res.phases = [PhaseTimeline(ctx=c, steps=7, blocks=264, rows=rows, kernel_us=22) for c in opts["profile"]]
+        return res
+
+    with FakeAnthropic([calls(("profile", {"version": "best", "contexts": [2048]})),
+                        calls(("finish", {"reason": "done"}))]) as srv:
+        s = Session(TASK, planner(srv.url), FakeSandbox(profiled), 60, tmp_path / "run", start_source=SRC)
+        s.run()
+    shown = last_result(srv.requests[1])
+    assert "phase timeline of seed" in shown and "L0 kda project" in shown and "20.5" in shown
+    trace = load(tmp_path / "run" / "trace.jsonl")
+    call = next(e for e in trace.events if e.type == "tool_call")
+    assert call.tool == "profile" and call.versions == ["seed~profile-t1"]
+    assert timelines_of(trace)["seed"][0].rows[0].span_us == 20.5 and s.archive.get("seed").phases
+
+
+def test_the_notebook_reaches_the_trace_and_the_report(tmp_path):
+    from traces.report import write_report
+
+    script = [calls(("note", {"kind": "prediction", "text": "unroll 8: -10 us from fewer loop branches",
+                              "refs": ["seed"]}),
+                    ("propose", {"name": "u8", "hypothesis": "unroll 8", "predicted_us": {"2048": 90, "16384": 95},
+                                 "edits": [FASTER]})),
+              calls(("note", {"kind": "dropped", "text": "B=16: no phase would gain", "refs": []})),
+              calls(("finish", {"reason": "done"}))]
+    s, summary, srv, trace = run(tmp_path, script)
+    for suffix in (".html", ".md"):
+        text = write_report(trace, tmp_path / f"r{suffix}").read_text()
+        assert "Predictions against outcomes" in text and "90.0 / 95.0" in text
+        assert "Notebook" in text and "fewer loop branches" in text and "B=16: no phase would gain" in text
+        assert "Tool calls" in text and "cache read" in text

@@ -195,3 +195,43 @@ def test_project_commit_prefers_the_stated_commit_and_marks_a_dirty_tree(tmp_pat
     assert session_mod.project_commit() == head + "-dirty"
     monkeypatch.setattr(session_mod, "ROOT", tmp_path / "nowhere")
     assert session_mod.project_commit() == "unknown"
+
+
+def test_tuner_orders_knobs_by_the_phase_with_the_largest_gap_to_its_floor():
+    from agent.archive import ArchivedVersion
+    from agent.planners.tuner import knob_order, phase_gaps
+    from traces.results import PhaseRow, PhaseTimeline
+
+    knobs = parse_knobs("// @knob KSPLIT_KDA 3 {2,3} K slices of the KDA q/k/v/g projections\n"
+                        "// @knob PREFETCH 1 {0,1} issue the next phase's first chunk early\n"
+                        "// @knob KSPLIT_GU 9 {6,9} K slices of the routed experts' gate/up\n")
+    rows = [PhaseRow(name="L0 kda project", span_us=20, mean_us=15, wait_us=1, bytes=10_000_000, tbs=0.5),
+            PhaseRow(name="L0 g/u+down", span_us=40, mean_us=30, wait_us=1, bytes=10_000_000, tbs=0.25)]
+    v = ArchivedVersion(id="seed", source_sha="x", outcome="measured",
+                        phases=[PhaseTimeline(ctx=2048, steps=3, blocks=264, rows=rows, kernel_us=62)])
+    gaps = phase_gaps(v, copy_tbs=4.0)   # floors: 2.5 µs each
+    assert gaps == {"L0 kda project": 17.5, "L0 g/u+down": 37.5}
+    assert [k.name for k in knob_order(knobs, gaps)] == ["KSPLIT_GU", "KSPLIT_KDA", "PREFETCH"]
+
+
+def test_tuner_profiles_its_base_and_moves_on_to_the_next_fastest_version(tmp_path):
+    from traces.results import PhaseRow, PhaseTimeline
+
+    def script(cand, opts):
+        if opts.get("profile"):
+            rows = [PhaseRow(name="L0 second", span_us=50, mean_us=40, wait_us=1, bytes=1000, tbs=0.1)]
+            res = timed(cand, 100.0)
+            res.phases = [PhaseTimeline(ctx=2048, steps=3, blocks=264, rows=rows, kernel_us=51)]
+            return res
+        k = cand.resolved_knobs()
+        return timed(cand, 100.0 + (k["A"] != 2) * 1 + (k["B"] != 8) * 2 + (k["C"] != 0) * 3)
+
+    s = session(tmp_path, TunerPlanner(seed=0), script, budget=60.0)
+    summary = s.run()
+    trace = load(tmp_path / "trace.jsonl")
+    proposals = [e for e in trace.events if e.type == "proposal"]
+    assert proposals[0].hypothesis.startswith("B 8->") and "L0 second" in proposals[0].hypothesis  # 'second' knob
+    profiled = [e.input["version"] for e in trace.events if e.type == "tool_call" and e.tool == "profile"]
+    assert profiled[0] == "seed" and len(profiled) >= 2                   # later bases are profiled too
+    assert any(p.parent_id != "seed" for p in proposals)                  # a version that was not kept as base
+    assert summary.kept == 0 and "two-value" in summary.reason

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .loader import Trace  # noqa: E402
+from .notebook import SECTIONS, llm_line  # noqa: E402
 from .phases import timelines_of  # noqa: E402
 from .render import primary_ctx, timeline  # noqa: E402
 from .results import EvalResult, PhaseTimeline  # noqa: E402
@@ -137,6 +138,8 @@ def _summary_rows(trace: Trace) -> list[tuple[str, str]]:
             ("outcome", end.summary.get("line", "") if end else "interrupted")]
     if end:
         rows.append(("ended", end.reason))
+    if llm_line(trace):
+        rows.append(("LLM", llm_line(trace)))
     return rows
 
 
@@ -153,26 +156,32 @@ def write_report(trace: Trace, path: Path) -> Path:
     """`path` ending in .html (self-contained) or .md (PNGs written beside it)."""
     path = Path(path)
     images = plots(trace)
-    rows = _table(timeline(trace))
+    tables = [("Timeline", HEAD, _table(timeline(trace)))]
+    tables += [(title, head, rows) for title, head, make in SECTIONS if (rows := make(trace))]
     if path.suffix == ".md":
         for name, data in images.items():
             (path.parent / f"{path.stem}-{name}").write_bytes(data)
         lines = [f"# Session {trace.start.session_id}", ""]
         lines += [f"- **{k}**: {v}" for k, v in _summary_rows(trace)] + [""]
         lines += [f"![{n}]({path.stem}-{n})" for n in images] + [""]
-        lines += ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-        lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in rows]
+        for title, head, rows in tables:
+            lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join(c.replace("|", "/").replace("\n", " ") for c in r) + " |" for r in rows]
+            lines.append("")
         path.write_text("\n".join(lines) + "\n")
         return path
     imgs = "".join(f'<img alt="{n}" src="data:image/png;base64,{base64.b64encode(d).decode()}">' for n, d in
                    images.items())
     summary = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in
                       _summary_rows(trace))
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    sections = "".join(
+        f"<h2>{html.escape(title)}</h2><table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>"
+        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>"
+        for title, head, rows in tables)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>session {trace.start.session_id}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;
 font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}}img{{max-width:48%;margin:4px}}</style>
 </head><body><h1>Session {trace.start.session_id}</h1><table>{summary}</table><h2>Plots</h2>{imgs}
-<h2>Timeline</h2><table><tr>{''.join(f'<th>{h}</th>' for h in HEAD)}</tr>{body}</table></body></html>"""
+{sections}</body></html>"""
     path.write_text(page)
     return path

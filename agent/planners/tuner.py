@@ -31,7 +31,7 @@ def words(text: str) -> set[str]:
     text = text.lower()
     for k, v in SYNONYMS.items():
         text = text.replace(k, f"{k} {v}")
-    return {w for w in re.split(r"[^a-z0-9_]+", text) if w and w not in STOP_WORDS}
+    return {w for w in re.split(r"[^a-z0-9_]+", text) if len(w) > 1 and w not in STOP_WORDS}
 
 
 def phase_gaps(version: ArchivedVersion, copy_tbs: float) -> dict[str, float]:
