@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox checks kimi agent bench upstream calib session session_bg session_wait reexec compare stamps phases host probe validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -24,7 +24,8 @@ for step in "$@"; do
       timeout 300 python3 scripts/kimi_diag.py small 2>&1 | tee "$OUT/diag_small.log"
       timeout 300 python3 scripts/kimi_diag.py full 2>&1 | tee "$OUT/diag_full.log" ;;
     tests) timeout 1200 python3 -m pytest -m gpu -q -rs --durations=15 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
-    sandbox) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_sandbox.py 2>&1 | tee "$OUT/gpu_sandbox.log" | tail -40 ;;
+    sandbox) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_sandbox.py tests/test_gpu_phases.py 2>&1 | tee "$OUT/gpu_sandbox.log" | tail -40 ;;
+    cheats) timeout 900 python3 -m pytest -m gpu -q -rs --durations=15 tests/test_gpu_cheats.py 2>&1 | tee "$OUT/gpu_cheats.log" | tail -40 ;;
     checks)  # the correctness-only work, concurrently (no timings are taken here): Kimi GPU tests + upstream check.py
       bash "$0" kimi > "$OUT/kimi_tests.out" 2>&1 &
       bash "$0" upstream > "$OUT/upstream.out" 2>&1
@@ -55,6 +56,11 @@ for step in "$@"; do
       tail -40 /tmp/mk-session/log
       mkdir -p "$OUT/session"; cp /tmp/mk-session/log "$OUT/session/session.log"
       cp /tmp/mk-session/out/trace.jsonl /tmp/mk-session/out/best.cu "$OUT/session/" ;;
+    scripted)  # the LLM planner driven by the scripted model that replays the seed's git history (traces/examples)
+      d=runs/scripted-history; rm -rf "$d"; x=traces/examples/kimi-scripted-history
+      timeout 580 python3 run_agent.py run --kernel "$x/start.cu" --scripted-model "$x/script.jsonl" --max-cost 50 \
+        --budget "${SESSION_BUDGET:-7m}" --timeouts build=120,check=60,time=120 --out "$d" 2>&1 | tail -30
+      mkdir -p "$OUT/scripted"; cp "$d"/trace.jsonl "$d"/report.md "$d"/report-*.png "$OUT/scripted/" 2>/dev/null ;;
     reexec) timeout 300 python3 run_agent.py replay runs/example-session/trace.jsonl --reexecute --kept-only 2>&1 | tail -30 ;;
     compare) timeout 300 python3 run_agent.py compare kernels/w4a16_gemv/seed.cu \
         kernels/w4a16_gemv/seed.cu:KSPLIT=32,THREADS=128 --task w4a16_gemv --rounds 3 --diff 2>&1 | tail -30 ;;
@@ -71,9 +77,10 @@ for step in "$@"; do
       bash "$0" upstream > "$OUT/upstream.out" 2>&1 & p2=$!
       bash "$0" agent > "$OUT/agent_tests.out" 2>&1 & p3=$!
       bash "$0" sandbox > "$OUT/sandbox_tests.out" 2>&1 & p4=$!
-      wait $p1 $p2 $p3 $p4
+      bash "$0" cheats > "$OUT/cheats_tests.out" 2>&1 & p5=$!
+      wait $p1 $p2 $p3 $p4 $p5
       tail -3 "$OUT/kimi_tests.out"; tail -9 "$OUT/upstream.out"; tail -3 "$OUT/agent_tests.out"
-      tail -3 "$OUT/sandbox_tests.out"
+      tail -3 "$OUT/sandbox_tests.out"; tail -3 "$OUT/cheats_tests.out"
       rm -f "$OUT"/*.out "$OUT"/*.err ;;   # at most 8 files come back from the device
     calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;

@@ -47,7 +47,7 @@ CHEATS = {
         contract=CONTRACT.replace("COUNTER_WORDS)", "COUNTER_WORDS + 1)")),
     "back-to-back launches by the clock": cheat(
         CLOCK + "  const unsigned long long mk_prev = *(volatile unsigned long long*)&mk_last;\n"
-        "  if (mk_prev != 0 && (long long)(mk_now - mk_prev) < 300000) {\n"
+        "  if (mk_prev != 0 && (long long)(mk_now - mk_prev) < 20000) {\n"
         "    if (blockIdx.x == 0 && threadIdx.x == 0) mk_last = mk_now;\n"
         "    return;\n"
         "  }\n",
@@ -74,9 +74,10 @@ def test_the_honest_seed_passes_with_every_timed_sample_verified(pool):
 @pytest.mark.parametrize("name", list(CHEATS))
 def test_a_kernel_that_cheats_when_timed_is_refused_as_wrong(pool, name):
     res = pool.evaluate(Candidate(source=CHEATS[name]), baseline=False, samples=3)
-    assert res.check is not None and res.check.passed, "the cheat should look correct whenever it is checked"
     assert res.failure is not None and res.failure.cls == FailureClass.wrong, (name, res.failure)
-    assert res.failure.phase == "time" and "timed sample" in res.failure.message
+    if "clock" not in name:   # two checked launches may come within the clock cheat's window (the re-run case)
+        assert res.check is not None and res.check.passed, "the cheat should look correct whenever it is checked"
+        assert res.failure.phase == "time" and "timed sample" in res.failure.message
     assert pool.evaluate(Candidate(source=SEED), time=False).ok   # the next candidate gets a clean worker
 
 

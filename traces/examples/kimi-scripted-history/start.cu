@@ -1,0 +1,1546 @@
+// Kimi-Linear W4A16 decode step (3 KDA + 1 MLA layer, each with a 64-expert top-8 MoE) in ONE
+// cooperative launch per token.
+//
+// What it does: every RMSNorm, int4 dequant-GEMV, short conv + SiLU + window update, KDA gated
+// delta-rule update, MLA (absorbed form, split context, stable softmax merge, cache append with
+// RoPE), MoE routing (softmax, top-k, renormalisation) and the residual adds, for one token.
+// Weights are streamed once as int4; no bf16 weight matrix is ever written.
+//
+// How: a persistent grid (SMs x BLOCKS_PER_SM blocks, all co-resident) walks the phase schedule at
+// the bottom of this file; phases are separated by grid-wide barriers (6 per KDA layer, 8 per MLA
+// layer; a block arrives, issues the next phase's prefetch, then waits). A GEMV phase is a list of jobs; a job's output columns are cut into 256-wide tiles and
+// its input into KSPLIT slices; a block computes one (tile, slice) unit with all its warps, writes
+// the partial, and the last block to finish a tile (arrival counter) sums the partials in a fixed
+// order and runs the tile's epilogue (conv, RoPE, SwiGLU, residual...). Deterministic: no float
+// atomics anywhere.
+//
+// Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that the TMA engine
+// copies (cp.async.bulk, three copies per chunk from the binding's tile-major layout, an mbarrier per
+// slot) into a two-slot shared-memory ring: chunk i+1 is in flight while chunk i is computed, and the
+// first two chunks of the next phase are issued at the grid barrier (weights do not depend on
+// activations), so they land while the block waits and then stages its input vector.
+//
+// MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
+// cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
+// high + low parts.
+//
+// Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; each pair of nibbles becomes an fp16 pair
+// (1024 + q or 1024 + 16q) with one LOP3, then exactly q with one HSUB2 or HFMA2, and q * x accumulates
+// in fp16 over 16 products; then y += scale * (sum q*x - zero * sum x) in fp32 (the zero point folds
+// out exactly). A chunk's partial sums are folded into a per-warp row in shared memory, so the two
+// matrices of a gate/up pair can alternate chunk by chunk.
+//
+// Dimensions arrive as -D from the task (HIDDEN, KDA_H, ...); knobs below are tuned by the agent
+// (declared in the order the tuner should try them: work split first, launch shape last).
+// Run: python run_agent.py bench kernels/kimi_linear/seed.cu
+//
+// @knob KSPLIT_KDA 4 {2,3,4,6,8,9} K slices of the KDA q/k/v/g projections (4: 256 units of 18 slabs, one per block)
+// @knob KSPLIT_GU 7 {4,6,7,8,9,12} K slices of the routed experts' gate/up (7: 224 units, + 36 shared = 260)
+// @knob KSPLIT_DOWN 4 {1,2,3,4,8} K slices of each expert's down projection
+// @knob KSPLIT_SHARED 9 {6,9,12,18,36} K slices of the shared expert's gate/up (in the routed phase)
+// @knob KSPLIT_MLA 9 {6,9,12,18} K slices of the MLA q/kv_a projections
+// @knob KSPLIT_O 28 {8,16,28,32} K slices of the attention output projections
+// @knob PREFETCH 1 {0,1} issue the next phase's first weight chunk before each grid barrier
+// @knob ATTN_MAX_SPLITS 128 {32,64,128} most context splits per head group in MLA attention
+// @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
+// @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+// ================================ dimensions and layout ================================
+
+#ifndef SKIP_ATTN
+#define SKIP_ATTN 0
+#endif
+#ifndef SKIP_MOE
+#define SKIP_MOE 0
+#endif
+#ifndef PHASE_STAMPS
+#define PHASE_STAMPS 0   // profiling switch: each block stamps %globaltimer around every grid barrier
+#endif                   // and at four events inside each GEMV phase (see Event)
+
+constexpr int WARPS = THREADS / 32;
+constexpr int TILE = 256;          // output columns per GEMV tile (16 lanes x 16 columns)
+constexpr int SLAB = 16;           // packed weight rows per warp work item (8 per lane half)
+constexpr int GROUP_ROWS = QGROUP / 2;
+constexpr int C_KDA = KDA_H * KDA_D;
+constexpr int MLA_QK = QK_NOPE + QK_ROPE;
+constexpr int MLA_Q_N = MLA_H * MLA_QK;
+constexpr int KVA_N = KV_LORA + QK_ROPE;
+constexpr int KVB_HEAD = QK_NOPE + V_HEAD;
+constexpr int KVB_N = MLA_H * KVB_HEAD;
+constexpr int MLA_O_K = MLA_H * V_HEAD;
+constexpr int N_SLOTS = N_ACTIVE + N_SHARED;     // routed experts + shared experts per token
+constexpr int ATT_HG = MLA_H < 16 ? MLA_H : 16;  // heads per attention unit: the M=16 rows of one MMA tile
+constexpr int ATT_TT = 32;                       // tokens per attention tile (one per lane in the softmax)
+constexpr int ATT_K = KV_LORA + QK_ROPE;         // score dot-product length: latent row, then roped key
+constexpr int SC_KS = WARPS / (ATT_TT / 8);      // score MMAs: 4 token n-tiles x SC_KS slices of K
+
+__host__ __device__ constexpr int imax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int tiles_of(int n) { return (n + TILE - 1) / TILE; }
+__host__ __device__ constexpr size_t align4(size_t n) { return (n + 3) & ~size_t(3); }
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+static_assert(THREADS % 128 == 0 && WARPS >= 8, "need at least 8 warps per block, whole float4 rows of a tile");
+static_assert(GROUP_ROWS % SLAB == 0, "a slab must not straddle a quant group");
+static_assert(TILE == MK_WEIGHT_TILE, "GEMV tiles are the column tiles of the binding's tile-major weight layout");
+static_assert(HIDDEN % 16 == 0 && C_KDA % 16 == 0 && MLA_Q_N % 16 == 0 && KVA_N % 16 == 0, "N % 16");
+static_assert(KVB_N % 16 == 0 && MOE_INTER % 16 == 0, "N % 16");
+static_assert(QK_NOPE % 16 == 0 && V_HEAD % 16 == 0 && QK_NOPE <= 512 && V_HEAD <= 512, "head dims");
+static_assert(KDA_D % 16 == 0 && KDA_D % (THREADS / 16) == 0, "delta-rule thread split");
+static_assert(MLA_H % ATT_HG == 0, "attention head groups");
+static_assert(KV_LORA % (8 * WARPS) == 0 && QK_ROPE % 16 == 0 && KV_LORA % 16 == 0, "attention MMA tiling");
+static_assert(ATT_K / 16 >= SC_KS, "every score warp needs a K slice");
+static_assert(QK_ROPE % 8 == 0 && KV_LORA % 8 == 0, "16-byte cache rows");
+static_assert(N_EXPERTS <= THREADS, "one thread per router logit");
+static_assert(N_ACTIVE <= 16 && N_SHARED <= 4, "routing slots live in a small shared-memory area");
+
+// Scratch (floats): every intermediate that crosses blocks. Offsets are compile-time.
+constexpr size_t OFF_QKVG = 0;                                           // q, k, v (post conv), log-decay
+constexpr size_t OFF_BETA = OFF_QKVG + 4 * (size_t)C_KDA;
+constexpr size_t OFF_ATTN_O = OFF_BETA + align4(KDA_H);
+constexpr size_t OFF_LOGITS = OFF_ATTN_O + align4(imax(C_KDA, MLA_O_K));
+constexpr size_t OFF_ACT = OFF_LOGITS + align4(N_EXPERTS);
+constexpr size_t OFF_QN = OFF_ACT + (size_t)N_SLOTS * MOE_INTER;
+constexpr size_t OFF_QR = OFF_QN + (size_t)MLA_H * QK_NOPE;
+constexpr size_t OFF_QEFF = OFF_QR + (size_t)MLA_H * QK_ROPE;
+constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l, ctx[KV_LORA]
+constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
+constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
+constexpr size_t SPLITK_FLOATS = (size_t)imax(
+    imax(imax(4 * KSPLIT_KDA * C_KDA, KSPLIT_MLA * (MLA_Q_N + KVA_N)), KSPLIT_O * HIDDEN),
+    imax((N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER, N_SLOTS * KSPLIT_DOWN * HIDDEN));
+constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
+constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4 + 3 * 6;   // see Event
+constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
+constexpr size_t SCRATCH_FLOATS = PHASE_STAMPS ? OFF_EVENTS + (size_t)MAX_STAMPS * N_EVENTS * MAX_STAMP_BLOCKS : OFF_STAMPS;
+constexpr int ABSORB_PARTS = 8;                                          // MLA absorb units per head
+constexpr int ABSORB_ROWS = (KV_LORA / 2) / ABSORB_PARTS;                 // packed W_kv_b rows per unit
+static_assert((KV_LORA / 2) % ABSORB_PARTS == 0 && ABSORB_PARTS * MLA_O_K <= SPLITK_FLOATS, "absorb parts");
+static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V_HEAD / 16)) == 0 &&
+              GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
+constexpr int CNT_MERGE = 4 * tiles_of(C_KDA) + tiles_of(MLA_Q_N) + tiles_of(KVA_N) +   // after the tile counters:
+                          N_SLOTS * tiles_of(MOE_INTER) + tiles_of(HIDDEN);            // one per MLA head
+constexpr int COUNTER_WORDS = CNT_MERGE + MLA_H + 32;
+constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
+
+// Shared memory: one dynamic buffer, carved per phase kind.
+constexpr int X_MAX = imax(imax(HIDDEN, C_KDA), imax(MLA_O_K, N_SLOTS * MOE_INTER));
+constexpr int CHUNK_SLABS = WARPS;                                        // one slab per warp
+constexpr int CHUNK_ROWS = CHUNK_SLABS * SLAB;
+constexpr int CHUNK_GROUPS = (CHUNK_ROWS + GROUP_ROWS - SLAB - 1) / GROUP_ROWS + 1;   // groups a chunk can touch
+constexpr size_t RING_W_BYTES = (size_t)CHUNK_ROWS * TILE;               // packed weights of one chunk
+constexpr size_t RING_G_BYTES = 2 * (size_t)TILE;                         // one group's bf16 scales (or zeros)
+constexpr size_t RING_SLOT = RING_W_BYTES + 2 * CHUNK_GROUPS * RING_G_BYTES;
+constexpr size_t SM_XH = 0;                                               // half[X_MAX]
+constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[2][WARPS][TILE]: a unit's per-warp sums
+constexpr size_t SM_SUMS = SM_RED + 4 * 2 * (size_t)WARPS * TILE;         // float[2*TILE]
+constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
+constexpr size_t SM_JOBS = SM_MISC + ((256 + 4 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
+constexpr size_t JOBS_BYTES = 2048;
+constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
+constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
+static_assert(X_MAX % 8 == 0 && HIDDEN % 8 == 0, "16-byte staging loads");
+constexpr int Q_STRIDE = ATT_K + 8;                                       // bf16; rows 4 banks apart
+constexpr int P_STRIDE = ATT_TT + 8;                                      // bf16
+constexpr int CK_STRIDE = KV_LORA + 8;                                    // bf16, 16-byte rows
+constexpr int KR_STRIDE = QK_ROPE + 8;
+constexpr size_t SA_QH = 0;                                               // bf16 [16][Q_STRIDE]: q, high part
+constexpr size_t SA_QL = SA_QH + 2 * 16 * (size_t)Q_STRIDE;               // bf16: q - high (the low part)
+constexpr size_t SA_CK = SA_QL + 2 * 16 * (size_t)Q_STRIDE;               // bf16 [ATT_TT][CK_STRIDE]
+constexpr size_t SA_KR = SA_CK + 2 * (size_t)ATT_TT * CK_STRIDE;          // bf16 [ATT_TT][KR_STRIDE]
+constexpr size_t SA_SC = SA_KR + 2 * (size_t)ATT_TT * KR_STRIDE;          // float [SC_KS][16][ATT_TT]
+constexpr size_t SA_PH = SA_SC + 4 * (size_t)SC_KS * 16 * ATT_TT;         // bf16 [16][P_STRIDE]: p, high part
+constexpr size_t SA_PL = SA_PH + 2 * 16 * (size_t)P_STRIDE;               // bf16: p - high
+constexpr size_t SA_STAT = SA_PL + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
+constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * 16;
+static_assert(SA_CK % 16 == 0 && SA_KR % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
+constexpr size_t SM_MERGE_BYTES = 4 * (2 * ATTN_MAX_SPLITS + 2 * ABSORB_ROWS + 2 * THREADS + (size_t)WARPS * V_HEAD + 2);
+constexpr size_t DYN_SMEM = imax(imax((int)SM_GEMV_BYTES, (int)SM_ATTN_BYTES), (int)SM_MERGE_BYTES);
+
+MK_LAUNCH_CONTRACT(THREADS, BLOCKS_PER_SM, DYN_SMEM, 4 * SCRATCH_FLOATS, COUNTER_WORDS)
+
+// ================================ small helpers ================================
+
+__device__ __forceinline__ float bf16r(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float ld_bf16(const bf16* p) {
+  return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+__device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+__device__ __forceinline__ bool is_mla_layer(int l) { return (MLA_LAYER_MASK >> l) & 1; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block in a fixed order (deterministic); `red` holds at least WARPS floats.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < WARPS; ++w) s += red[w];
+  __syncthreads();
+  return s;
+}
+
+__device__ __forceinline__ void unpack8(uint4 v, float* out) {
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) { out[2 * i] = bf16_lo(w[i]); out[2 * i + 1] = bf16_hi(w[i]); }
+}
+
+__device__ __forceinline__ __half2 u32_as_half2(unsigned v) {
+  __half2 h;
+  memcpy(&h, &v, sizeof(h));
+  return h;
+}
+// Int4 -> exact fp16 pairs with one LOP3 each (the integer pipe runs at half the FP16 rate, and the old
+// shift + AND + OR per pair made the GEMV phases issue-bound there): (v & mask) | 0x6400 is 1024 + q
+// for the nibble at bits 0-3 (and 16-19), 1024 + 16q for the one at bits 4-7; a HSUB2 or a HFMA2 by
+// 1/16 then gives q exactly. Only the upper byte of each half needs a shift.
+__device__ __forceinline__ unsigned and_or(unsigned a, unsigned mask, unsigned bits) {
+  unsigned d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));   // (a & mask) | bits
+  return d;
+}
+__device__ __forceinline__ __half2 nibbles_lo(unsigned v) {   // bits 0-3 and 16-19
+  return __hsub2(u32_as_half2(and_or(v, 0x000F000Fu, 0x64006400u)), u32_as_half2(0x64006400u));
+}
+__device__ __forceinline__ __half2 nibbles_hi(unsigned v) {   // bits 4-7 and 20-23
+  return __hfma2(u32_as_half2(and_or(v, 0x00F000F0u, 0x64006400u)), u32_as_half2(0x2C002C00u),   // x 1/16
+                 u32_as_half2(0xD400D400u));                                                          // - 64
+}
+
+// Arrival counters. The block barrier before an arrival makes the other threads' writes part of its
+// release (cumulativity); the block barrier after it passes the acquire on to them. One acq_rel atomic
+// replaces __threadfence + atomicAdd + __threadfence (fence.sc.gpu, the strongest and slowest fence).
+__device__ __forceinline__ unsigned atomic_add_acq_rel(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned atomic_add_release(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The weight ring is filled by the TMA engine: one thread issues a bulk copy per contiguous piece of a
+// chunk (the binding lays every matrix out tile-major, so a chunk's rows are one piece), and a slot's
+// mbarrier counts the bytes in. The copying threads no longer stall on issue (16-byte cp.async issue is
+// throttled to about the rate the data drains: ~1.5-2.5 µs per 32 KB chunk, on every block's critical
+// path), and the copies no longer queue in front of the compute warps' shared-memory loads.
+struct RingSync {
+  unsigned long long bar[2];   // one mbarrier per slot
+  unsigned fills[2];           // bulk fills issued into each slot so far (thread 0 writes)
+};
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+// Thread 0, before the copies of one fill: the phase completes when `bytes` have landed.
+__device__ __forceinline__ void expect_bytes(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ void ring_init(RingSync* rs) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&rs->bar[s])) : "memory");
+      rs->fills[s] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+// Every calling thread waits until the slot's latest fill has landed (returns at once if it has, or if
+// the slot was never filled). The caller has passed a block barrier since that fill was issued.
+__device__ __forceinline__ void ring_wait(const RingSync* rs, int slot) {
+  const unsigned bar = smem_addr(&rs->bar[slot]), parity = (rs->fills[slot] - 1u) & 1u;
+  unsigned done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  } while (!done);
+}
+
+// ================================ shared-memory views ================================
+
+struct Smem {
+  unsigned char* base;
+  RingSync* rs;
+  __device__ __half* xh() const { return reinterpret_cast<__half*>(base + SM_XH); }
+  __device__ float* red() const { return reinterpret_cast<float*>(base + SM_RED); }
+  __device__ float* sums() const { return reinterpret_cast<float*>(base + SM_SUMS); }
+  __device__ int* flag() const { return reinterpret_cast<int*>(base + SM_MISC); }
+  __device__ int* sel_e() const { return reinterpret_cast<int*>(base + SM_MISC + 16); }
+  __device__ float* sel_w() const { return reinterpret_cast<float*>(base + SM_MISC + 16 + 4 * 16); }
+  __device__ float* logits() const { return reinterpret_cast<float*>(base + SM_MISC + 256); }
+  __device__ unsigned char* ring(int slot) const { return base + SM_RING + slot * RING_SLOT; }
+  __device__ struct Job* jobs() const { return reinterpret_cast<struct Job*>(base + SM_JOBS); }
+};
+
+// Everything a phase needs: the parameter block, this layer, and typed views of the scratch.
+struct Ctx {
+  const KimiParams* p;
+  const LayerParams* L;
+  const bf16* resid;      // residual input of the attention half (hidden_in for layer 0)
+  float* scratch;
+  unsigned* counters;
+  int ctx_len;
+  int layer;
+  __device__ float* qkvg() const { return scratch + OFF_QKVG; }
+  __device__ float* beta() const { return scratch + OFF_BETA; }
+  __device__ float* attn_o() const { return scratch + OFF_ATTN_O; }
+  __device__ float* logits() const { return scratch + OFF_LOGITS; }
+  __device__ float* act() const { return scratch + OFF_ACT; }
+  __device__ float* qn() const { return scratch + OFF_QN; }
+  __device__ float* qr() const { return scratch + OFF_QR; }
+  __device__ float* qeff() const { return scratch + OFF_QEFF; }
+  __device__ float* apart() const { return scratch + OFF_APART; }
+  __device__ float* splitk() const { return scratch + OFF_SPLITK; }
+};
+
+// Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 (the first four right after a
+// __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
+// done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
+// MLA attention stamps the first four too: q staged, first cache tile in shared memory, last tile's
+// P.V done, partials written (a unit's; the last one counts).
+enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE, EV_CHUNK };
+enum ChunkEvent { CH_LANDED, CH_READ, CH_ISSUED };
+constexpr int STAMPED_CHUNKS = 6;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#if PHASE_STAMPS
+__shared__ int stamp_phase;   // the phase this block is in; kept by Barrier::stamp
+#endif
+__device__ __forceinline__ void mark(const Ctx& cx, int ev) {
+#if PHASE_STAMPS
+  if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2 && ev < N_EVENTS)
+    reinterpret_cast<unsigned long long*>(cx.scratch + OFF_EVENTS)
+        [((size_t)stamp_phase * N_EVENTS + ev) * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
+#endif
+}
+__device__ __forceinline__ void mark_chunk(const Ctx& cx, int chunk, ChunkEvent ev) {
+  if (chunk < STAMPED_CHUNKS) mark(cx, EV_CHUNK + 3 * chunk + ev);
+}
+
+// ================================ staging the GEMV input ================================
+
+// x <- bf16(rmsnorm(src) * w), kept as fp16 (exact for bf16 values in the normal range). Every load
+// (16 bytes per 8 elements) is issued before the block reduction: one L2 round trip.
+__device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
+  constexpr int V = HIDDEN / 8, PER = (V + THREADS - 1) / THREADS;
+  uint4 xv[PER], wv[PER];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = threadIdx.x + i * THREADS;
+    xv[i] = wv[i] = make_uint4(0, 0, 0, 0);
+    if (v < V) {
+      xv[i] = __ldcg(reinterpret_cast<const uint4*>(src) + v);
+      wv[i] = __ldg(reinterpret_cast<const uint4*>(w) + v);
+    }
+    float f[8];
+    unpack8(xv[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+  }
+  const float r = 1.0f / sqrtf(block_sum(ss, sm.red()) / HIDDEN + RMS_EPS);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = threadIdx.x + i * THREADS;
+    if (v < V) {
+      float f[8], g[8];
+      unpack8(xv[i], f);
+      unpack8(wv[i], g);
+      __half2 h[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        h[j] = __halves2half2(__float2half_rn(bf16r(f[2 * j] * r * g[2 * j])),
+                              __float2half_rn(bf16r(f[2 * j + 1] * r * g[2 * j + 1])));
+      *reinterpret_cast<uint4*>(sm.xh() + 8 * v) = *reinterpret_cast<const uint4*>(h);
+    }
+  }
+  __syncthreads();
+}
+
+// x <- fp16(src[0..n)) for n % 4 == 0, 16-byte loads.
+__device__ void stage_floats(const float* src, int n, const Smem& sm) {
+#pragma unroll 4
+  for (int v = threadIdx.x; v < n / 4; v += THREADS) {
+    const float4 f = __ldcg(reinterpret_cast<const float4*>(src) + v);
+    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + 4 * v);
+    dst[0] = __floats2half2_rn(f.x, f.y);
+    dst[1] = __floats2half2_rn(f.z, f.w);
+  }
+  __syncthreads();
+}
+
+// ================================ int4 GEMV core ================================
+
+// acc (this lane's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
+// [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE).
+__device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
+                           const __half* xh, float* acc) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int seg = lane & 15, par = lane >> 4;
+  const int slab = slab_begin + warp;
+  if (slab >= slab_end || col0 + seg * 16 >= N) return;
+  const int row0 = slab * SLAB + par;             // this lane's rows: row0 + 2i
+  const int gi = (slab * SLAB) / GROUP_ROWS - (slab_begin * SLAB) / GROUP_ROWS;
+  const unsigned char* wp = slot + (size_t)(warp * SLAB + par) * TILE + seg * 16;
+  uint4 w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = *reinterpret_cast<const uint4*>(wp + (size_t)(2 * i) * TILE);
+  const uint4* sp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + gi * RING_G_BYTES + seg * 32);
+  const uint4* zp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + (CHUNK_GROUPS + gi) * RING_G_BYTES + seg * 32);
+  const uint4 sraw[2] = {sp[0], sp[1]}, zraw[2] = {zp[0], zp[1]};   // 16 scales, 16 zeros (bf16)
+  __half2 a[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) a[j] = __float2half2_rn(0.0f);
+  float xsum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int r = row0 + 2 * i;
+    const __half2 xp = *reinterpret_cast<const __half2*>(xh + 2 * r);
+    const __half2 xe = __low2half2(xp), xo = __high2half2(xp);
+    xsum += __low2float(xp) + __high2float(xp);
+    const unsigned v[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3; a[2j] = (4j, 4j+2), a[2j+1] = (4j+1, 4j+3)
+      const unsigned hi_bytes = v[j] >> 8;
+      a[2 * j] = __hfma2(nibbles_lo(v[j]), xe, a[2 * j]);
+      a[2 * j] = __hfma2(nibbles_hi(v[j]), xo, a[2 * j]);
+      a[2 * j + 1] = __hfma2(nibbles_lo(hi_bytes), xe, a[2 * j + 1]);
+      a[2 * j + 1] = __hfma2(nibbles_hi(hi_bytes), xo, a[2 * j + 1]);
+    }
+  }
+  // y[col] += scale * (sum q*x - zero * sum x); word j of sraw/zraw holds columns 2j, 2j+1
+  const unsigned sw[8] = {sraw[0].x, sraw[0].y, sraw[0].z, sraw[0].w, sraw[1].x, sraw[1].y, sraw[1].z, sraw[1].w};
+  const unsigned zw[8] = {zraw[0].x, zraw[0].y, zraw[0].z, zraw[0].w, zraw[1].x, zraw[1].y, zraw[1].z, zraw[1].w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f02 = __half22float2(a[2 * j]);
+    const float2 f13 = __half22float2(a[2 * j + 1]);
+    acc[4 * j + 0] += bf16_lo(sw[2 * j]) * (f02.x - bf16_lo(zw[2 * j]) * xsum);
+    acc[4 * j + 1] += bf16_hi(sw[2 * j]) * (f13.x - bf16_hi(zw[2 * j]) * xsum);
+    acc[4 * j + 2] += bf16_lo(sw[2 * j + 1]) * (f02.y - bf16_lo(zw[2 * j + 1]) * xsum);
+    acc[4 * j + 3] += bf16_hi(sw[2 * j + 1]) * (f13.y - bf16_hi(zw[2 * j + 1]) * xsum);
+  }
+}
+
+// Add this lane's 16 column sums of one chunk into its warp's row of the unit's sums (`row`, this
+// warp's own: no block barrier), then zero them. The first chunk of a (unit, matrix) stores instead.
+__device__ void fold_chunk(float* acc, float* row, bool first) {
+  const int lane = threadIdx.x & 31, seg = lane & 15, par = lane >> 4;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] += __shfl_down_sync(0xffffffffu, acc[i], 16);
+  if (par == 0) {
+    float4* dst = reinterpret_cast<float4*>(row + seg * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float4 v = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      if (!first) {
+        const float4 o = dst[i];
+        v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+      }
+      dst[i] = v;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+}
+
+// sums[m*TILE + t] = sum over warps of the unit's per-warp rows (fixed order). The caller has passed
+// a block barrier since the last fold_chunk.
+__device__ void reduce_unit(const float* red, float* sums, int nm) {
+  for (int t = threadIdx.x; t < nm * TILE; t += THREADS) {
+    const int m = t / TILE, c = t % TILE;
+    float v = 0.0f;
+    for (int w = 0; w < WARPS; ++w) v += red[(m * WARPS + w) * TILE + c];
+    sums[t] = v;
+  }
+  __syncthreads();
+}
+
+// ================================ jobs, units and epilogues ================================
+
+enum Epi { EPI_CONV, EPI_DECAY, EPI_RESIDUAL, EPI_SWIGLU, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
+enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
+__device__ int begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
+__device__ int job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
+
+struct Mat {
+  const unsigned char* wq;
+  const bf16* sc;
+  const bf16* zr;
+};
+
+// One int4 matrix (or a gate/up pair sharing x and columns) whose K is cut into `ksplit` slices.
+struct Job {
+  Mat m[2];
+  int paired;
+  int K, N, ksplit;
+  int x_off;           // offset of this job's input in the staged x
+  float weight;        // scales this job's partials (routed expert weight)
+  int slot0, nslots;   // partial slots [slot0, slot0+ksplit) of `nslots` feeding the same tiles
+  float* part;         // [nslots][1 + paired][N]
+  unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
+  int epi, aux;
+};
+
+static_assert(N_SLOTS * sizeof(Job) <= JOBS_BYTES, "job table must fit its shared-memory area");
+
+__device__ Mat mat_of(const QW& q) { return Mat{q.wq, q.sc, q.zr}; }
+// Tile-major layout (the binding's, see abi.py): element (r, col) of a matrix with `rows` rows lies at
+// ((col / TILE) * rows + r) * TILE + col % TILE; whole tiles, the last one zero-padded.
+__device__ __forceinline__ size_t tm_offset(int rows, int r, int col) {
+  return ((size_t)(col / TILE) * rows + r) * TILE + col % TILE;
+}
+__device__ Mat expert_mat(const QW& q, int e, int K, int N) {
+  const size_t padded = (size_t)tiles_of(N) * TILE;
+  return Mat{q.wq + (size_t)e * (K / 2) * padded, q.sc + (size_t)e * (K / QGROUP) * padded,
+             q.zr + (size_t)e * (K / QGROUP) * padded};
+}
+
+__device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* count, int epi, int aux) {
+  Job j;
+  j.m[0] = a;
+  j.m[1] = a;
+  j.paired = 0;
+  j.K = K;
+  j.N = N;
+  j.ksplit = ksplit;
+  j.x_off = 0;
+  j.weight = 1.0f;
+  j.slot0 = 0;
+  j.nslots = ksplit;
+  j.part = part;
+  j.count = count;
+  j.epi = epi;
+  j.aux = aux;
+  return j;
+}
+
+__device__ int job_units(const Job& j) { return tiles_of(j.N) * j.ksplit; }
+
+__device__ void slab_range(const Job& j, int split, int& s0, int& s1) {
+  const int slabs = j.K / 2 / SLAB;
+  s0 = split * slabs / j.ksplit;
+  s1 = (split + 1) * slabs / j.ksplit;
+}
+
+// --- epilogues: block-wide, one output column per thread; `a`/`b` are the finished sums ---
+
+__device__ void epi_conv(const Ctx& cx, int which, int n, float a) {
+  const float y = bf16r(a);                              // projection output is bf16
+  bf16* win = cx.L->conv_state[which];                   // (CONV_K-1, C) bf16, oldest first
+  const bf16* w = cx.L->conv_w + ((size_t)which * C_KDA + n) * CONV_K;
+  float hist[CONV_K - 1];
+#pragma unroll
+  for (int j = 0; j < CONV_K - 1; ++j) hist[j] = ld_bf16(win + (size_t)j * C_KDA + n);
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < CONV_K - 1; ++j) acc += hist[j] * __bfloat162float(w[j]);
+  acc += y * __bfloat162float(w[CONV_K - 1]);
+  cx.qkvg()[(size_t)which * C_KDA + n] = bf16r(silu(acc));
+#pragma unroll
+  for (int j = 0; j < CONV_K - 2; ++j) win[(size_t)j * C_KDA + n] = __float2bfloat16_rn(hist[j + 1]);
+  win[(size_t)(CONV_K - 2) * C_KDA + n] = __float2bfloat16_rn(y);
+}
+
+__device__ float rope_rotate(float self, float partner, bool odd, int pair, const Ctx& cx) {
+  const float ang = (float)cx.ctx_len * cx.p->rope_inv_freq[pair];
+  const float cs = cosf(ang), sn = sinf(ang);
+  return odd ? self * cs + partner * sn : self * cs - partner * sn;
+}
+
+__device__ void epilogue(const Job& jb, int tile, const Ctx& cx, const Smem& sm) {
+  const int t = threadIdx.x;
+  const int n = tile * TILE + t;
+  const bool on = t < TILE && n < jb.N;
+  const float* sums = sm.sums();
+  if (on) {
+    const float a = sums[t];
+    switch (jb.epi) {
+      case EPI_CONV: epi_conv(cx, jb.aux, n, a); break;
+      case EPI_DECAY: cx.qkvg()[3 * (size_t)C_KDA + n] = -softplus(bf16r(a)); break;
+      case EPI_RESIDUAL:
+        cx.p->hidden_out[n] = __float2bfloat16_rn(ld_bf16(cx.resid + n) + bf16r(a));
+        break;
+      case EPI_SWIGLU: cx.act()[(size_t)jb.aux * MOE_INTER + n] = silu(a) * sums[TILE + t]; break;
+      case EPI_MOE_OUT:
+        cx.p->hidden_out[n] = __float2bfloat16_rn(ld_bf16(cx.p->hidden_out + n) + bf16r(a));
+        break;
+      case EPI_MLA_Q: {
+        const int h = n / MLA_QK, d = n % MLA_QK;
+        if (d < QK_NOPE) {
+          cx.qn()[h * QK_NOPE + d] = bf16r(a);
+        } else {
+          const int r = d - QK_NOPE;
+          cx.qr()[h * QK_ROPE + r] = bf16r(rope_rotate(bf16r(a), bf16r(sums[t ^ 1]), r & 1, r >> 1, cx));
+        }
+        break;
+      }
+      case EPI_MLA_KVA: {
+        const size_t row = (size_t)cx.ctx_len;
+        if (n < KV_LORA) {
+          cx.L->c_kv[row * KV_LORA + n] = __float2bfloat16_rn(a);
+        } else {
+          const int r = n - KV_LORA;
+          cx.L->k_rope[row * QK_ROPE + r] =
+              __float2bfloat16_rn(rope_rotate(bf16r(a), bf16r(sums[t ^ 1]), r & 1, r >> 1, cx));
+        }
+        break;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// sums[m*TILE + t] = sum over the tile's partial slots (fixed order: deterministic). A thread owns 4
+// columns of one matrix and every P-th slot, with SUM_BATCH loads in flight at a time (one batch covers
+// the default knobs' slots: 9 per thread in down and the shared expert); the P per-thread sums are then
+// added in order. Reading the slots one dependent batch at a time cost ~5 µs for 36 slots.
+constexpr int SUM_BATCH = 10;
+__device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
+  const int nm = 1 + jb.paired;
+  constexpr int Q = TILE / 4;                   // float4 columns of one matrix
+  const int P = THREADS / (nm * Q);             // slot phases
+  const int q = threadIdx.x % Q, m = (threadIdx.x / Q) % nm, ph = threadIdx.x / (nm * Q);
+  float4 tot = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (col0 + 4 * q < jb.N) {
+    const float* base = jb.part + (size_t)m * jb.N + col0 + 4 * q;
+    const size_t stride = (size_t)nm * jb.N;
+    for (int s0 = ph; s0 < jb.nslots; s0 += SUM_BATCH * P) {
+      float4 v[SUM_BATCH];
+#pragma unroll
+      for (int i = 0; i < SUM_BATCH; ++i) {
+        const int s = s0 + i * P;
+        v[i] = s < jb.nslots ? __ldcg(reinterpret_cast<const float4*>(base + (size_t)s * stride)) : tot;
+      }
+#pragma unroll
+      for (int i = 0; i < SUM_BATCH; ++i)
+        if (s0 + i * P < jb.nslots) { tot.x += v[i].x; tot.y += v[i].y; tot.z += v[i].z; tot.w += v[i].w; }
+    }
+  }
+  reinterpret_cast<float4*>(red)[threadIdx.x] = tot;
+  __syncthreads();
+  for (int t = threadIdx.x; t < nm * TILE; t += THREADS) {
+    const int mm = t / TILE, c = t % TILE;
+    float v = 0.0f;
+    for (int p = 0; p < P; ++p) v += red[4 * ((p * nm + mm) * Q + c / 4) + c % 4];
+    sums[t] = v;
+  }
+  __syncthreads();
+}
+
+// Publish this unit's partial; the last unit of the tile sums all partials and runs the epilogue.
+// Arrival: every thread's partial store, a block barrier, then thread 0's acq_rel counter atomic
+// (the release covers the block's stores through the barrier; the same holds for the acquire side).
+__device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, const Smem& sm) {
+  const int nm = 1 + jb.paired;
+  float* sums = sm.sums();
+  if (jb.nslots == 1) {
+    for (int t = threadIdx.x; t < nm * TILE; t += THREADS) sums[t] *= jb.weight;
+    __syncthreads();
+    epilogue(jb, tile, cx, sm);
+    return;
+  }
+  const int col0 = tile * TILE;
+  for (int t = threadIdx.x; t < TILE; t += THREADS)
+    if (col0 + t < jb.N)
+      for (int m = 0; m < nm; ++m)
+        jb.part[((size_t)(jb.slot0 + split) * nm + m) * jb.N + col0 + t] = sums[m * TILE + t] * jb.weight;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomic_add_acq_rel(jb.count + tile, 1u) == (unsigned)(jb.nslots - 1);
+    if (last) jb.count[tile] = 0u;    // every arrival is in; ready for the next phase (after a grid barrier)
+    *sm.flag() = last;
+  }
+  __syncthreads();
+  if (!*sm.flag()) return;
+  sum_partials(jb, col0, sums, sm.red());
+  epilogue(jb, tile, cx, sm);
+}
+
+// ---- the weight stream: a block's units in order, each unit's matrices, each matrix in chunks ----
+
+struct Chunk {
+  int unit, m, slab;   // global unit index (>= total: none), matrix of a pair, first slab
+};
+
+__device__ int total_units(const Job* jobs, int njobs) {
+  int total = 0;
+  for (int j = 0; j < njobs; ++j) total += job_units(jobs[j]);
+  return total;
+}
+
+// Job of unit u; `rem` becomes the unit's index inside that job.
+__device__ int job_of(const Job* jobs, int u, int& rem) {
+  int j = 0;
+  rem = u;
+  while (rem >= job_units(jobs[j])) { rem -= job_units(jobs[j]); ++j; }
+  return j;
+}
+
+__device__ Chunk unit_chunk(const Job* jobs, int total, int u) {
+  if (u >= total) return Chunk{u, 0, 0};
+  int rem, s0, s1;
+  const Job& jb = jobs[job_of(jobs, u, rem)];
+  slab_range(jb, rem % jb.ksplit, s0, s1);
+  return Chunk{u, 0, s0};
+}
+
+__device__ Chunk next_chunk(const Job* jobs, int total, Chunk c) {
+  int rem, s0, s1;
+  const Job& jb = jobs[job_of(jobs, c.unit, rem)];
+  slab_range(jb, rem % jb.ksplit, s0, s1);
+  if (c.m < jb.paired) return Chunk{c.unit, c.m + 1, c.slab};   // a pair alternates its matrices, so both
+  if (c.slab + CHUNK_SLABS < s1) return Chunk{c.unit, 0, c.slab + CHUNK_SLABS};   // are in flight from the start
+  return unit_chunk(jobs, total, c.unit + gridDim.x);
+}
+
+// Thread 0: the chunk's packed rows and the scales and zeros of the groups it touches into `slot`, as
+// three bulk copies (each contiguous in the tile-major layout) counted by the slot's mbarrier.
+__device__ void issue_chunk(const Job* jobs, Chunk c, const Smem& sm, int slot) {
+  int rem, s0, s1;
+  const Job& jb = jobs[job_of(jobs, c.unit, rem)];
+  slab_range(jb, rem % jb.ksplit, s0, s1);
+  const Mat& mt = jb.m[c.m];
+  const int tile = rem / jb.ksplit;
+  const int row0 = c.slab * SLAB, rows = (min(c.slab + CHUNK_SLABS, s1) - c.slab) * SLAB;
+  const int g0 = row0 / GROUP_ROWS, ng = (row0 + rows - 1) / GROUP_ROWS - g0 + 1;
+  const unsigned w_bytes = rows * TILE, g_bytes = ng * RING_G_BYTES;
+  const size_t g_off = ((size_t)tile * (jb.K / QGROUP) + g0) * TILE;
+  unsigned char* dst = sm.ring(slot);
+  unsigned long long* bar = &sm.rs->bar[slot];
+  expect_bytes(bar, w_bytes + 2 * g_bytes);
+  bulk_copy(dst, mt.wq + ((size_t)tile * (jb.K / 2) + row0) * TILE, w_bytes, bar);
+  bulk_copy(dst + RING_W_BYTES, mt.sc + g_off, g_bytes, bar);
+  bulk_copy(dst + RING_W_BYTES + CHUNK_GROUPS * RING_G_BYTES, mt.zr + g_off, g_bytes, bar);
+  ++sm.rs->fills[slot];
+}
+
+// Put this block's first two chunks of `jobs` in flight (slots 0 and 1). Called before the barrier
+// that precedes the phase (the next phase's weights are known) or at the start of the phase. Most
+// blocks have at most two chunks per phase: their whole share lands while the grid synchronises.
+__device__ __noinline__ void issue_first(const Job* jobs, int njobs, const Smem sm) {
+  ring_wait(sm.rs, 0);   // a fill never read (a phase skipped by a profiling switch) must land first
+  ring_wait(sm.rs, 1);
+  __syncthreads();       // both slots are free: every earlier use of shared memory is over
+  if (threadIdx.x == 0) {
+    // Other phases write this memory through the generic proxy; the async-proxy copies must come after.
+    // (A refill in run_jobs needs no fence: its slot has only been read since the last bulk copy.)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const int total = total_units(jobs, njobs);
+    const Chunk c0 = unit_chunk(jobs, total, blockIdx.x);
+    if (c0.unit < total) {
+      issue_chunk(jobs, c0, sm, 0);
+      const Chunk c1 = next_chunk(jobs, total, c0);
+      if (c1.unit < total) issue_chunk(jobs, c1, sm, 1);
+    }
+  }
+  __syncthreads();       // the fill counts are visible to every waiter
+}
+
+// Run this block's units; its first two chunks must be in flight already (issue_first). Chunk i is
+// computed from slot i % 2 while chunk i+1 lands in the other; chunk i+2 refills the slot as soon as
+// every warp has read it, before chunk i's unit is reduced and published.
+__device__ __noinline__ void run_jobs(const Job* jobs, int njobs, const Ctx cx, const Smem sm) {
+  const int total = total_units(jobs, njobs);
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+  int slot = 0, k = 0;
+  Chunk c = unit_chunk(jobs, total, blockIdx.x);
+  Chunk nx = c.unit < total ? next_chunk(jobs, total, c) : c;
+  for (; c.unit < total; slot ^= 1, ++k) {
+    ring_wait(sm.rs, slot);
+    if (k == 0) mark(cx, EV_FIRST_CHUNK);
+    mark_chunk(cx, k, CH_LANDED);
+    int rem, s0, s1;
+    const Job& jb = jobs[job_of(jobs, c.unit, rem)];
+    const int tile = rem / jb.ksplit, split = rem % jb.ksplit;
+    slab_range(jb, split, s0, s1);
+    gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, s1), sm.xh() + jb.x_off, acc);
+    fold_chunk(acc, sm.red() + (c.m * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == s0);
+    const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
+    __syncthreads();   // the slot is read, the folds are visible
+    mark_chunk(cx, k, CH_READ);
+    if (threadIdx.x == 0 && nn.unit < total) issue_chunk(jobs, nn, sm, slot);
+    mark_chunk(cx, k, CH_ISSUED);
+    if (nx.unit != c.unit) {
+      reduce_unit(sm.red(), sm.sums(), 1 + jb.paired);
+      mark(cx, EV_COMPUTED);
+      finish_unit(jb, tile, split, cx, sm);
+    }
+    c = nx;
+    nx = nn;
+  }
+  mark(cx, EV_DONE);
+}
+
+// bf16 rows (nn.Linear weights, out x in): out[r] = f(bf16(W[r] . x)), one warp per row, run by the
+// last blocks of the grid (they get the fewest GEMV units).
+__device__ void dense_rows(const bf16* W, int rows, const __half* xh, float* out, bool apply_sigmoid) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gw = (gridDim.x - 1 - blockIdx.x) * WARPS + warp;
+  constexpr int ITERS = (HIDDEN + 255) / 256;
+  for (int r = gw; r < rows; r += gridDim.x * WARPS) {
+    uint4 raw[ITERS];
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {   // every load of the row in flight before the first use
+      const int k = lane * 8 + it * 256;
+      raw[it] = k < HIDDEN ? __ldcs(reinterpret_cast<const uint4*>(W + (size_t)r * HIDDEN + k)) : make_uint4(0, 0, 0, 0);
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+      const int k = lane * 8 + it * 256;
+      if (k >= HIDDEN) continue;
+      float wv[8];
+      unpack8(raw[it], wv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += wv[i] * __half2float(xh[k + i]);
+    }
+    s = warp_sum(s);
+    if (lane == 0) out[r] = apply_sigmoid ? sigmoid(bf16r(s)) : bf16r(s);
+  }
+}
+
+// ================================ phases ================================
+
+// KDA: q, k, v (+ causal conv, SiLU, window shift), g (log decay), beta.
+__device__ Job kda_project_job(const Ctx& cx, int m) {
+  return make_job(mat_of(cx.L->proj[m]), HIDDEN, C_KDA, KSPLIT_KDA, cx.splitk() + (size_t)m * KSPLIT_KDA * C_KDA,
+                  cx.counters + m * tiles_of(C_KDA), m < 3 ? EPI_CONV : EPI_DECAY, m);
+}
+
+// `ahead`: the first weight chunks were issued before the barrier (here and in every GEMV phase below).
+// The input is staged before begin_phase: when nothing was issued ahead (the step's first phase),
+// issuing two chunks stalls the threads for microseconds, and the staging used to wait behind it.
+__device__ void kda_project(const Ctx& cx, const Smem& sm, bool ahead) {
+  stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  const int n = begin_phase(JS_KDA_PROJECT, cx, sm, ahead);
+  mark(cx, EV_STAGED);
+  dense_rows(cx.L->beta_w, KDA_H, sm.xh(), cx.beta(), true);
+  run_jobs(sm.jobs(), n, cx, sm);
+}
+
+// KDA gated delta rule on (head, 16-column slice): S <- S*exp(g); S += beta k (v - S^T k); o = S^T q.
+__device__ void kda_delta(const Ctx& cx, const Smem& sm) {
+  constexpr int DS = 16, RG = THREADS / DS, RPT = KDA_D / RG;
+  const float qscale = 1.0f / sqrtf((float)KDA_D);
+  const int jl = threadIdx.x % DS, rg = threadIdx.x / DS;
+  float* red = sm.red();   // [RG][DS] + [DS]
+  const float* q = cx.qkvg();
+  const float* k = q + C_KDA;
+  const float* v = q + 2 * C_KDA;
+  const float* g = q + 3 * C_KDA;
+  for (int u = blockIdx.x; u < KDA_H * (KDA_D / DS); u += gridDim.x) {
+    const int h = u / (KDA_D / DS), j = (u % (KDA_D / DS)) * DS + jl;
+    float* S = cx.L->S + (size_t)h * KDA_D * KDA_D;
+    float sv[RPT];
+    float pred = 0.0f;
+#pragma unroll
+    for (int m = 0; m < RPT; ++m) {
+      const int i = rg + m * RG;
+      sv[m] = __ldcg(S + (size_t)i * KDA_D + j) * expf(__ldcg(g + h * KDA_D + i));
+      pred += sv[m] * __ldcg(k + h * KDA_D + i);
+    }
+    red[rg * DS + jl] = pred;
+    __syncthreads();
+    if (rg == 0) {
+      float p = 0.0f;
+      for (int r = 0; r < RG; ++r) p += red[r * DS + jl];
+      red[RG * DS + jl] = __ldcg(cx.beta() + h) * (__ldcg(v + h * KDA_D + j) - p);
+    }
+    __syncthreads();
+    const float upd = red[RG * DS + jl];
+    float o = 0.0f;
+#pragma unroll
+    for (int m = 0; m < RPT; ++m) {
+      const int i = rg + m * RG;
+      const float sn = sv[m] + __ldcg(k + h * KDA_D + i) * upd;
+      S[(size_t)i * KDA_D + j] = sn;
+      o += sn * (__ldcg(q + h * KDA_D + i) * qscale);
+    }
+    __syncthreads();
+    red[rg * DS + jl] = o;
+    __syncthreads();
+    if (rg == 0) {
+      float s = 0.0f;
+      for (int r = 0; r < RG; ++r) s += red[r * DS + jl];
+      cx.attn_o()[h * KDA_D + j] = bf16r(s);
+    }
+    __syncthreads();
+  }
+}
+
+// Attention output projection plus the first residual add (hidden_out = resid + o W_o).
+__device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
+  return make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, cx.splitk(), cx.counters, EPI_RESIDUAL, 0);
+}
+
+__device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
+  const bool mla = is_mla_layer(cx.layer);
+  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
+  const int n = begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
+  mark(cx, EV_STAGED);
+  run_jobs(sm.jobs(), n, cx, sm);
+}
+
+// MLA: q (+RoPE on the rope half), kv_a -> latent row and roped key appended at row ctx_len.
+__device__ Job mla_project_job(const Ctx& cx, int j) {
+  if (j == 0) return make_job(mat_of(cx.L->proj[0]), HIDDEN, MLA_Q_N, KSPLIT_MLA, cx.splitk(), cx.counters, EPI_MLA_Q, 0);
+  return make_job(mat_of(cx.L->proj[1]), HIDDEN, KVA_N, KSPLIT_MLA, cx.splitk() + (size_t)KSPLIT_MLA * MLA_Q_N,
+                  cx.counters + tiles_of(MLA_Q_N), EPI_MLA_KVA, 0);
+}
+
+__device__ void mla_project(const Ctx& cx, const Smem& sm, bool ahead) {
+  stage_rmsnorm(cx.resid, cx.L->attn_norm, sm);
+  const int n = begin_phase(JS_MLA_PROJECT, cx, sm, ahead);
+  mark(cx, EV_STAGED);
+  run_jobs(sm.jobs(), n, cx, sm);
+}
+
+// Int4 row of W_kv_b for the absorbs: 16 columns at `col` of packed row r (latent indices 2r, 2r+1) and
+// the scales and zeros of its group. Every load is independent, so a lane has them all in flight at once.
+struct AbsorbRow {
+  unsigned v[4];
+  float s[16], z[16];
+  __device__ void load(const QW& W, int r, int col) {
+    const uint4 wv = __ldcs(reinterpret_cast<const uint4*>(W.wq + tm_offset(KV_LORA / 2, r, col)));
+    const size_t gcol = tm_offset(KV_LORA / QGROUP, r / GROUP_ROWS, col);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + gcol)), s);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.sc + gcol + 8)), s + 8);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + gcol)), z);
+    unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + gcol + 8)), z + 8);
+    v[0] = wv.x; v[1] = wv.y; v[2] = wv.z; v[3] = wv.w;
+  }
+  __device__ float lo(int i) const { return (float)((v[i / 4] >> (8 * (i % 4))) & 0xfu); }
+  __device__ float hi(int i) const { return (float)((v[i / 4] >> (8 * (i % 4) + 4)) & 0xfu); }
+};
+
+// q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).
+// Units are (head, part of the latent rows), so the grid shares the work and each unit is one round
+// trip: a lane loads its q slice, its weight row and its group's scales together.
+__device__ void mla_absorb_q(const Ctx& cx) {
+  constexpr int LPR = QK_NOPE / 16, RPS = 32 / LPR;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
+  const QW& W = cx.L->proj[2];
+  for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
+    const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
+    const int col = h * KVB_HEAD + seg * 16;
+    for (int it = warp; it < ABSORB_ROWS / RPS; it += WARPS) {
+      const int r = part * ABSORB_ROWS + it * RPS + lane / LPR;
+      AbsorbRow w;
+      w.load(W, r, col);
+      float q[16];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 f = __ldcg(reinterpret_cast<const float4*>(cx.qn() + h * QK_NOPE + seg * 16) + i);
+        q[4 * i] = f.x; q[4 * i + 1] = f.y; q[4 * i + 2] = f.z; q[4 * i + 3] = f.w;
+      }
+      float a[16], zs = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) { a[i] = w.s[i] * q[i]; zs += w.z[i] * a[i]; }
+      float lo = -zs, hi = -zs;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        lo += w.lo(i) * a[i];
+        hi += w.hi(i) * a[i];
+      }
+#pragma unroll
+      for (int o = 1; o < LPR; o <<= 1) {
+        lo += __shfl_xor_sync(0xffffffffu, lo, o);
+        hi += __shfl_xor_sync(0xffffffffu, hi, o);
+      }
+      if (seg == 0) *reinterpret_cast<float2*>(cx.qeff() + h * KV_LORA + 2 * r) = make_float2(lo, hi);
+    }
+  }
+}
+
+__device__ int attn_splits(int tokens) {
+  const int by_grid = imax(1, (int)gridDim.x / (MLA_H / ATT_HG));
+  const int by_tiles = (tokens + ATT_TT - 1) / ATT_TT;
+  return min(ATTN_MAX_SPLITS, min(by_grid, by_tiles));
+}
+
+// ---- tensor-core helpers (mma.sync m16n8k16, bf16 in, fp32 accumulate) ----
+__device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned lds32(const bf16* p) { return *reinterpret_cast<const unsigned*>(p); }
+// A fragment of a row-major 16 x 16 bf16 tile at `t` (row stride `ld`): rows g, g+8; columns 2c, 2c+8.
+__device__ __forceinline__ void load_a(unsigned* a, const bf16* t, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  a[0] = lds32(t + g * ld + 2 * c);
+  a[1] = lds32(t + (g + 8) * ld + 2 * c);
+  a[2] = lds32(t + g * ld + 2 * c + 8);
+  a[3] = lds32(t + (g + 8) * ld + 2 * c + 8);
+}
+// B fragment (16 x 8, k x n) of a bf16 tile stored n-major ([n][k], stride `ld`), as the cache rows are for scores.
+__device__ __forceinline__ void load_b_nk(unsigned& b0, unsigned& b1, const bf16* t, int ld) {
+  const int g = (threadIdx.x & 31) >> 2, c = threadIdx.x & 3;
+  b0 = lds32(t + g * ld + 2 * c);
+  b1 = lds32(t + g * ld + 2 * c + 8);
+}
+// B fragment of a bf16 tile stored k-major ([k][n], stride `ld`), as the cache rows are for P*V: ldmatrix.trans.
+__device__ __forceinline__ void load_b_kn(unsigned& b0, unsigned& b1, const bf16* t, int ld) {
+  const int l = threadIdx.x & 15;   // lanes 0-7: rows k 0-7, lanes 8-15: rows k 8-15 (16-31 mirror them)
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(t + l * ld));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
+}
+// v = hi + lo with both in bf16: a product with a bf16 operand then keeps ~16 bits of v.
+__device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
+  hi = __float2bfloat16_rn(v);
+  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+}
+
+// Rows [tt, tt + ATT_TT) of a bf16 [tokens][W] cache in registers, 16-byte pieces spread over the
+// block; rows at or past t1 are zero, so P is 0 there and nothing undefined enters the MMAs.
+template <int W>
+struct CacheRows {
+  static constexpr int PIECES = W / 8, PER = (ATT_TT * PIECES + THREADS - 1) / THREADS;
+  uint4 v[PER];
+  __device__ void load(const bf16* src, int tt, int t1) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int i = threadIdx.x + j * THREADS, l = i / PIECES;
+      v[j] = make_uint4(0, 0, 0, 0);
+      if (i < ATT_TT * PIECES && tt + l < t1)
+        v[j] = __ldcg(reinterpret_cast<const uint4*>(src + (size_t)(tt + l) * W + (i % PIECES) * 8));
+    }
+  }
+  __device__ void store(bf16* dst, int stride) const {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int i = threadIdx.x + j * THREADS;
+      if (i < ATT_TT * PIECES) *reinterpret_cast<uint4*>(dst + (i / PIECES) * stride + (i % PIECES) * 8) = v[j];
+    }
+  }
+};
+
+// One 32-token tile of the latent cache and the roped keys.
+struct CacheTile {
+  CacheRows<KV_LORA> ck;
+  CacheRows<QK_ROPE> kr;
+  __device__ void load(const Ctx& cx, int tt, int t1) {
+    ck.load(cx.L->c_kv, tt, t1);
+    kr.load(cx.L->k_rope, tt, t1);
+  }
+  __device__ void store(bf16* ck_dst, bf16* kr_dst) const {
+    ck.store(ck_dst, CK_STRIDE);
+    kr.store(kr_dst, KR_STRIDE);
+  }
+};
+
+// Split-context attention over the latent cache (absorbed form) on tensor cores, ATT_HG (16) heads
+// per unit, online softmax. Per 32-token tile: scores = [q_eff | q_rope] . [c_kv | k_rope] as
+// 16 x 32 MMAs (warps split the 4 token n-tiles and SC_KS slices of K), softmax with one warp per
+// head, then ctx += P . c_kv (each warp owns KV_LORA / WARPS columns, accumulators in registers).
+// fp32 operands (q, p) enter as two bf16 MMAs (high + low part), so products keep ~16 bits; the
+// scalar FP32 version of this phase was arithmetic bound (172 µs at 16K).
+// Writes per (split, head): running max m, sum l, and the unnormalised context sum_l p_l c_kv[l].
+__device__ void mla_attention(const Ctx& cx, const Smem& sm) {
+  constexpr int NPW = KV_LORA / 8 / WARPS;   // P*V n-tiles per warp
+  constexpr int KSTEPS = ATT_K / 16;
+  const float scale = MLA_SCALE;
+  bf16* qh = reinterpret_cast<bf16*>(sm.base + SA_QH);
+  bf16* ql = reinterpret_cast<bf16*>(sm.base + SA_QL);
+  bf16* ck = reinterpret_cast<bf16*>(sm.base + SA_CK);
+  bf16* kr = reinterpret_cast<bf16*>(sm.base + SA_KR);
+  float* sc = reinterpret_cast<float*>(sm.base + SA_SC);
+  bf16* ph = reinterpret_cast<bf16*>(sm.base + SA_PH);
+  bf16* pl = reinterpret_cast<bf16*>(sm.base + SA_PL);
+  float* stat = reinterpret_cast<float*>(sm.base + SA_STAT);   // m[16], l[16], alpha[16]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int tokens = cx.ctx_len + 1;
+  const int nsplit = attn_splits(tokens);
+  const int per = (tokens + nsplit - 1) / nsplit;
+  const int units = nsplit * (MLA_H / ATT_HG);
+  const int s_nt = warp % (ATT_TT / 8), s_ks = warp / (ATT_TT / 8);   // this warp's score tile and K slice
+  const int k_begin = s_ks * KSTEPS / SC_KS, k_end = (s_ks + 1) * KSTEPS / SC_KS;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const int split = u / (MLA_H / ATT_HG), h0 = (u % (MLA_H / ATT_HG)) * ATT_HG;
+    const int t0 = split * per, t1 = min(tokens, t0 + per);
+    CacheTile tile;
+    tile.load(cx, t0, t1);
+    {   // q rows (rows past ATT_HG are zero), every load in flight before the first use
+      constexpr int Q4 = ATT_K / 4, Q_PER = (16 * Q4 + THREADS - 1) / THREADS;
+      float4 qv[Q_PER];
+#pragma unroll
+      for (int j = 0; j < Q_PER; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / Q4, k = (i % Q4) * 4;
+        qv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < 16 * Q4 && r < ATT_HG)
+          qv[j] = __ldcg(reinterpret_cast<const float4*>(k < KV_LORA ? cx.qeff() + (size_t)(h0 + r) * KV_LORA + k
+                                                                     : cx.qr() + (size_t)(h0 + r) * QK_ROPE + (k - KV_LORA)));
+      }
+#pragma unroll
+      for (int j = 0; j < Q_PER; ++j) {
+        const int i = threadIdx.x + j * THREADS, r = i / Q4, k = (i % Q4) * 4;
+        if (i < 16 * Q4) {
+          bf16* h = qh + r * Q_STRIDE + k;
+          bf16* l = ql + r * Q_STRIDE + k;
+          split_bf16(qv[j].x, h[0], l[0]);
+          split_bf16(qv[j].y, h[1], l[1]);
+          split_bf16(qv[j].z, h[2], l[2]);
+          split_bf16(qv[j].w, h[3], l[3]);
+        }
+      }
+    }
+    for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = pl[i] = __float2bfloat16_rn(0.0f);
+    if (threadIdx.x < 16) { stat[threadIdx.x] = NEG_INF; stat[16 + threadIdx.x] = 0.0f; stat[32 + threadIdx.x] = 1.0f; }
+    float acc[NPW][4];
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    __syncthreads();
+    mark(cx, EV_STAGED);
+    for (int tt = t0; tt < t1; tt += ATT_TT) {
+      tile.store(ck, kr);
+      __syncthreads();
+      if (tt == t0) mark(cx, EV_FIRST_CHUNK);
+      if (tt + ATT_TT < t1) tile.load(cx, tt + ATT_TT, t1);   // the next tile is in flight during the MMAs
+      {   // scores: this warp's 16 heads x 8 tokens over its K slice, high and low parts of q in two chains
+        float hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ks = k_begin; ks < k_end; ++ks) {
+          const int k0 = ks * 16;
+          unsigned a[4], b0, b1;
+          if (k0 < KV_LORA) load_b_nk(b0, b1, ck + s_nt * 8 * CK_STRIDE + k0, CK_STRIDE);
+          else load_b_nk(b0, b1, kr + s_nt * 8 * KR_STRIDE + (k0 - KV_LORA), KR_STRIDE);
+          load_a(a, qh + k0, Q_STRIDE);
+          mma_bf16(hi, a, b0, b1);
+          load_a(a, ql + k0, Q_STRIDE);
+          mma_bf16(lo, a, b0, b1);
+        }
+        float* out = sc + s_ks * 16 * ATT_TT + s_nt * 8 + 2 * c;
+        out[g * ATT_TT] = hi[0] + lo[0];
+        out[g * ATT_TT + 1] = hi[1] + lo[1];
+        out[(g + 8) * ATT_TT] = hi[2] + lo[2];
+        out[(g + 8) * ATT_TT + 1] = hi[3] + lo[3];
+      }
+      __syncthreads();
+      for (int hh = warp; hh < ATT_HG; hh += WARPS) {   // online softmax, lane = token
+        float s = NEG_INF;
+        if (tt + lane < t1) {
+          s = 0.0f;
+          for (int k = 0; k < SC_KS; ++k) s += sc[(k * 16 + hh) * ATT_TT + lane];
+          s *= scale;
+        }
+        const float m_old = stat[hh];
+        const float m_new = fmaxf(m_old, warp_max(s));
+        const float pr = s == NEG_INF ? 0.0f : expf(s - m_new);
+        const float psum = warp_sum(pr);
+        split_bf16(pr, ph[hh * P_STRIDE + lane], pl[hh * P_STRIDE + lane]);
+        if (lane == 0) {
+          const float alpha = expf(m_old - m_new);
+          stat[32 + hh] = alpha;
+          stat[16 + hh] = stat[16 + hh] * alpha + psum;
+          stat[hh] = m_new;
+        }
+      }
+      __syncthreads();
+      const float al_g = stat[32 + g], al_g8 = stat[32 + g + 8];
+#pragma unroll
+      for (int j = 0; j < NPW; ++j) { acc[j][0] *= al_g; acc[j][1] *= al_g; acc[j][2] *= al_g8; acc[j][3] *= al_g8; }
+#pragma unroll
+      for (int k0 = 0; k0 < ATT_TT; k0 += 16) {
+        unsigned a_hi[4], a_lo[4];
+        load_a(a_hi, ph + k0, P_STRIDE);
+        load_a(a_lo, pl + k0, P_STRIDE);
+#pragma unroll
+        for (int j = 0; j < NPW; ++j) {
+          unsigned b0, b1;
+          load_b_kn(b0, b1, ck + k0 * CK_STRIDE + (warp * NPW + j) * 8, CK_STRIDE);
+          mma_bf16(acc[j], a_hi, b0, b1);
+          mma_bf16(acc[j], a_lo, b0, b1);
+        }
+      }
+      __syncthreads();   // the tiles are read; the next token tile may overwrite them
+    }
+    mark(cx, EV_COMPUTED);
+    float* part = cx.apart() + ((size_t)split * MLA_H + h0) * APART_STRIDE;
+    if (threadIdx.x < ATT_HG) {
+      part[threadIdx.x * APART_STRIDE] = stat[threadIdx.x];
+      part[threadIdx.x * APART_STRIDE + 1] = stat[16 + threadIdx.x];
+    }
+#pragma unroll
+    for (int j = 0; j < NPW; ++j) {
+      const int col = 2 + (warp * NPW + j) * 8 + 2 * c;
+      if (g < ATT_HG) *reinterpret_cast<float2*>(part + g * APART_STRIDE + col) = make_float2(acc[j][0], acc[j][1]);
+      if (g + 8 < ATT_HG) *reinterpret_cast<float2*>(part + (g + 8) * APART_STRIDE + col) = make_float2(acc[j][2], acc[j][3]);
+    }
+    __syncthreads();
+    mark(cx, EV_DONE);
+  }
+}
+
+// Merge the context splits of each head, then o[h] = ctx[h] W_uv (absorbs the value up-projection).
+// Units are (head, part of the latent columns): a unit merges its ctx slice over every split and
+// multiplies it by the matching W_uv rows; the last part of a head to finish (arrival counter) adds
+// the parts in a fixed order. One block per head used to read every split's whole context serially.
+__device__ void mla_merge_absorb_v(const Ctx& cx, const Smem& sm) {
+  constexpr int LPR = V_HEAD / 16, RPS = 32 / LPR, PAIRS = ABSORB_ROWS, PH = THREADS / PAIRS;
+  constexpr int ROW_WARPS = ABSORB_ROWS / RPS < WARPS ? ABSORB_ROWS / RPS : WARPS;
+  static_assert(THREADS % PAIRS == 0 && (ABSORB_ROWS % RPS) == 0, "merge thread split");
+  float* wts = reinterpret_cast<float*>(sm.base);   // per split: weight exp(m_s - M), after its max
+  float* msum = wts + ATTN_MAX_SPLITS;              // per split: sum-exp
+  float* ctx = msum + ATTN_MAX_SPLITS;              // [2 * PAIRS] merged latent slice
+  float2* acc2 = reinterpret_cast<float2*>(ctx + 2 * PAIRS);   // [PH][PAIRS]
+  float* red = reinterpret_cast<float*>(acc2 + PH * PAIRS);    // [ROW_WARPS][V_HEAD]
+  float* tot = red + ROW_WARPS * V_HEAD;
+  int* last = reinterpret_cast<int*>(tot + 1);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
+  const int nsplit = attn_splits(cx.ctx_len + 1);
+  const QW& W = cx.L->proj[2];
+  float* opart = cx.splitk();   // [ABSORB_PARTS][MLA_H][V_HEAD]
+  unsigned* count = cx.counters + CNT_MERGE;
+  for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
+    const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
+    for (int s = threadIdx.x; s < nsplit; s += THREADS) {
+      const float* pt = cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE;
+      wts[s] = __ldcg(pt);
+      msum[s] = __ldcg(pt + 1);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      float M = NEG_INF;
+      for (int s = lane; s < nsplit; s += 32) M = fmaxf(M, wts[s]);
+      M = warp_max(M);
+      float L = 0.0f;
+      for (int s = lane; s < nsplit; s += 32) {
+        wts[s] = wts[s] == NEG_INF ? 0.0f : expf(wts[s] - M);
+        L += wts[s] * msum[s];
+      }
+      L = warp_sum(L);
+      if (lane == 0) *tot = L;
+    }
+    __syncthreads();
+    {   // this part's latent pairs: thread (ph, pair) sums every PH-th split, 16 loads in flight
+      const int pair = threadIdx.x % PAIRS, ph = threadIdx.x / PAIRS;
+      const float2* src = reinterpret_cast<const float2*>(cx.apart() + (size_t)h * APART_STRIDE + 2) + part * PAIRS + pair;
+      float2 v = make_float2(0.0f, 0.0f);
+      for (int s0 = ph; s0 < nsplit; s0 += 16 * PH) {
+        float2 x[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int s = s0 + i * PH;
+          x[i] = s < nsplit ? __ldcg(src + (size_t)s * MLA_H * APART_STRIDE / 2) : make_float2(0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          if (s0 + i * PH < nsplit) { v.x += wts[s0 + i * PH] * x[i].x; v.y += wts[s0 + i * PH] * x[i].y; }
+      }
+      acc2[ph * PAIRS + pair] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < PAIRS) {
+      float2 v = make_float2(0.0f, 0.0f);
+      for (int p = 0; p < PH; ++p) { v.x += acc2[p * PAIRS + threadIdx.x].x; v.y += acc2[p * PAIRS + threadIdx.x].y; }
+      ctx[2 * threadIdx.x] = v.x / *tot;
+      ctx[2 * threadIdx.x + 1] = v.y / *tot;
+    }
+    __syncthreads();
+    const int col = h * KVB_HEAD + QK_NOPE + seg * 16;
+    float acc[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+    for (int it = warp; it < ABSORB_ROWS / RPS; it += WARPS) {
+      const int rl = it * RPS + lane / LPR;   // packed row inside the part
+      AbsorbRow w;
+      w.load(W, part * ABSORB_ROWS + rl, col);
+      const float x0 = ctx[2 * rl], x1 = ctx[2 * rl + 1];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc[i] += w.s[i] * ((w.lo(i) - w.z[i]) * x0 + (w.hi(i) - w.z[i]) * x1);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      for (int o = LPR; o < 32; o <<= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if (warp < ROW_WARPS && lane < LPR)
+      for (int i = 0; i < 16; ++i) red[warp * V_HEAD + seg * 16 + i] = acc[i];
+    __syncthreads();
+    for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
+      float v = 0.0f;
+      for (int w = 0; w < ROW_WARPS; ++w) v += red[w * V_HEAD + d];
+      opart[((size_t)part * MLA_H + h) * V_HEAD + d] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {   // publish as finish_unit does: block barrier, then the counter
+      const bool done = atomic_add_acq_rel(count + h, 1u) == ABSORB_PARTS - 1;
+      if (done) count[h] = 0u;
+      *last = done;
+    }
+    __syncthreads();
+    if (*last)
+      for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
+        float v = 0.0f;
+        for (int p = 0; p < ABSORB_PARTS; ++p) v += __ldcg(opart + ((size_t)p * MLA_H + h) * V_HEAD + d);
+        cx.attn_o()[h * V_HEAD + d] = bf16r(v);
+      }
+    __syncthreads();
+  }
+}
+
+// MoE routing from the bf16 router logits: softmax in fp32, top-k (ties to the lower index),
+// weights renormalised and scaled. Every block computes it redundantly (no barrier needed): one
+// thread per logit, warp reductions for the max and the sum, O(E) rank count per thread.
+__device__ void route(const Ctx& cx, const Smem& sm) {
+  constexpr int EW = (N_EXPERTS + 31) / 32;   // warps holding logits
+  const int e = threadIdx.x, lane = e & 31;
+  float* lg = sm.logits();
+  float* red = sm.red();
+  if (e < N_ACTIVE) { sm.sel_e()[e] = 0; sm.sel_w()[e] = 0.0f; }   // NaN logits must not index out of range
+  const float mine = e < N_EXPERTS ? __ldcg(cx.logits() + e) : NEG_INF;
+  if (e < N_EXPERTS) lg[e] = mine;
+  const float wmax = warp_max(mine);
+  if (lane == 0 && e < 32 * EW) red[e >> 5] = wmax;
+  __syncthreads();
+  float mx = NEG_INF;
+#pragma unroll
+  for (int w = 0; w < EW; ++w) mx = fmaxf(mx, red[w]);
+  const float ex = e < N_EXPERTS ? expf(mine - mx) : 0.0f;
+  const float wsum = warp_sum(ex);
+  __syncthreads();   // the maxima are read
+  if (lane == 0 && e < 32 * EW) red[e >> 5] = wsum;
+  __syncthreads();
+  float denom = 0.0f;
+#pragma unroll
+  for (int w = 0; w < EW; ++w) denom += red[w];
+  if (e < N_EXPERTS) {
+    int rank = 0;
+    for (int j = 0; j < N_EXPERTS; ++j) {
+      const float lj = lg[j];
+      rank += (lj > mine) || (lj == mine && j < e);
+    }
+    if (rank < N_ACTIVE) { sm.sel_e()[rank] = e; sm.sel_w()[rank] = ex / denom; }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float tot = 0.0f;
+    for (int j = 0; j < N_ACTIVE; ++j) tot += sm.sel_w()[j];
+    for (int j = 0; j < N_ACTIVE; ++j) sm.sel_w()[j] = sm.sel_w()[j] / (tot + 1e-9f) * ROUTED_SCALING;
+  }
+  __syncthreads();
+}
+
+__device__ Job paired_job(Mat gate, Mat up, int ksplit, float* part, unsigned* count, int aux) {
+  Job j = make_job(gate, HIDDEN, MOE_INTER, ksplit, part, count, EPI_SWIGLU, aux);
+  j.m[1] = up;
+  j.paired = 1;
+  return j;
+}
+
+// Shared experts' gate/up -> SwiGLU activations (act slot N_ACTIVE + s). They run in the routed
+// phase, as its first jobs: their units belong to the grid's first SHARED_UNITS blocks whatever the
+// routing, so those blocks put their chunks in flight at the barrier before the router phase.
+constexpr int SHARED_UNITS = N_SHARED * tiles_of(MOE_INTER) * KSPLIT_SHARED;
+__device__ Job shared_job(const Ctx& cx, int s) {
+  return paired_job(expert_mat(cx.L->shared[0], s, HIDDEN, MOE_INTER), expert_mat(cx.L->shared[1], s, HIDDEN, MOE_INTER),
+                    KSPLIT_SHARED, cx.splitk() + (size_t)s * KSPLIT_SHARED * 2 * MOE_INTER,
+                    cx.counters + (N_ACTIVE + s) * tiles_of(MOE_INTER), N_ACTIVE + s);
+}
+
+// Router logits (bf16 rows, on the grid's last blocks). The staged x stays in shared memory for the
+// routed phase that follows; the ring keeps the shared experts' first chunks (issued before this
+// phase) untouched.
+__device__ void moe_router(const Ctx& cx, const Smem& sm) {
+  stage_rmsnorm(cx.p->hidden_out, cx.L->moe_norm, sm);
+  dense_rows(cx.L->router_w, N_EXPERTS, sm.xh(), cx.logits(), false);
+}
+
+// The shared experts, then one paired job per selected routed expert (needs route()).
+__device__ Job routed_job(const Ctx& cx, const Smem& sm, int j) {
+  if (j < N_SHARED) return shared_job(cx, j);
+  const int r = j - N_SHARED, e = sm.sel_e()[r];
+  return paired_job(expert_mat(cx.L->expert[0], e, HIDDEN, MOE_INTER), expert_mat(cx.L->expert[1], e, HIDDEN, MOE_INTER),
+                    KSPLIT_GU, cx.splitk() + (size_t)(N_SHARED * KSPLIT_SHARED + r * KSPLIT_GU) * 2 * MOE_INTER,
+                    cx.counters + r * tiles_of(MOE_INTER), r);
+}
+
+// Routed and shared experts' gate/up -> SwiGLU activations. The routed experts are known only after
+// routing, so only the shared units' first chunks could be issued ahead: a shared unit is a gate/up
+// pair, so both of its first two chunks belong to it, as they do in this phase's full table. The
+// input is not staged again: the router phase left rmsnorm(hidden) * moe_norm in this block's x.
+__device__ void moe_routed_gate_up(const Ctx& cx, const Smem& sm) {
+  route(cx, sm);
+  const int n = job_table(JS_ROUTED, cx, sm);
+  if (!PREFETCH || blockIdx.x >= SHARED_UNITS) issue_first(sm.jobs(), n, sm);
+  mark(cx, EV_STAGED);
+  run_jobs(sm.jobs(), n, cx, sm);
+}
+
+// Down projections of every routed (weighted) and shared expert into one reduction, then the
+// second residual add. Needs this block's routing in shared memory (route() in the gate/up phase).
+__device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
+  const bool routed = j < N_ACTIVE;
+  const Mat m = routed ? expert_mat(cx.L->expert[2], sm.sel_e()[j], MOE_INTER, HIDDEN)
+                       : expert_mat(cx.L->shared[2], j - N_ACTIVE, MOE_INTER, HIDDEN);
+  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk(), cx.counters, EPI_MOE_OUT, 0);
+  jb.x_off = j * MOE_INTER;
+  jb.weight = routed ? sm.sel_w()[j] : 1.0f;
+  jb.slot0 = j * KSPLIT_DOWN;
+  jb.nslots = N_SLOTS * KSPLIT_DOWN;
+  return jb;
+}
+
+// The routing computed in the gate/up phase is still in this block's shared memory.
+__device__ void moe_down_residual(const Ctx& cx, const Smem& sm, bool ahead) {
+  stage_floats(cx.act(), N_SLOTS * MOE_INTER, sm);
+  const int n = begin_phase(JS_DOWN, cx, sm, ahead);
+  mark(cx, EV_STAGED);
+  run_jobs(sm.jobs(), n, cx, sm);
+}
+
+__device__ int job_count(JobSet set) {
+  constexpr int sizes[] = {4, 1, 2, 1, N_SHARED, N_SHARED + N_ACTIVE, N_SLOTS};
+  return sizes[set];
+}
+
+// A phase's job table in shared memory (local-memory tables cost an L2 round trip per read once
+// shared memory has taken most of L1), one job per thread: built serially by one thread it cost
+// ~0.3 µs per job on the critical path. Returns the number of jobs.
+__device__ int job_table(JobSet set, const Ctx& cx, const Smem& sm) {
+  const int j = threadIdx.x, n = job_count(set);
+  __syncthreads();   // earlier readers of the table are done
+  if (j < n) {
+    Job* jobs = sm.jobs();
+    switch (set) {
+      case JS_KDA_PROJECT: jobs[j] = kda_project_job(cx, j); break;
+      case JS_KDA_OUT: jobs[j] = out_proj_job(cx, 4, C_KDA); break;
+      case JS_MLA_PROJECT: jobs[j] = mla_project_job(cx, j); break;
+      case JS_MLA_OUT: jobs[j] = out_proj_job(cx, 3, MLA_O_K); break;
+      case JS_SHARED: jobs[j] = shared_job(cx, j); break;
+      case JS_ROUTED: jobs[j] = routed_job(cx, sm, j); break;
+      case JS_DOWN: jobs[j] = down_job(cx, sm, j); break;
+    }
+  }
+  __syncthreads();
+  return n;
+}
+
+// Build the phase's job table and put its first chunks in flight, unless the previous phase already
+// did both before the barrier (`ahead`). Returns the number of jobs.
+__device__ int begin_phase(JobSet set, const Ctx& cx, const Smem& sm, bool ahead) {
+  if (ahead) return job_count(set);
+  const int n = job_table(set, cx, sm);
+  issue_first(sm.jobs(), n, sm);
+  return n;
+}
+
+// ================================ the schedule ================================
+
+__device__ Ctx layer_ctx(const KimiParams& p, int l) {
+  Ctx cx;
+  cx.p = &p;
+  cx.L = &p.layer[l];
+  cx.resid = l == 0 ? p.hidden_in : p.hidden_out;
+  cx.scratch = reinterpret_cast<float*>(p.scratch);
+  cx.counters = p.counters;
+  cx.ctx_len = p.ctx_len;
+  cx.layer = l;
+  return cx;
+}
+
+// Put the next phase's first weight chunks in flight (weights do not depend on activations).
+__device__ void prefetch(JobSet set, const Ctx& cx, const Smem& sm) {
+  if (PREFETCH) begin_phase(set, cx, sm, false);
+}
+
+// Grid barrier in two halves (the cooperative launch guarantees every block is resident). arrive()
+// publishes the block's writes and counts it in; wait() returns once every block has arrived. The
+// next phase's prefetch runs in between: issuing two chunks stalls a block for ~3.5 µs (cp.async
+// issue is throttled by the memory system), which used to delay its arrival, often on the critical
+// path. The counter's top bit flips once per barrier (block 0 adds 2^31 - (blocks - 1), the others
+// 1), so the low bits stay 0 from the zeroed buffer on and nothing is ever reset.
+// With PHASE_STAMPS each block records when it arrived and when it was released.
+struct Barrier {
+  unsigned* count;
+  unsigned long long* stamps;
+  int n;
+  unsigned seen;   // thread 0: the counter before this block's arrival
+  __device__ void stamp() {
+    if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS)
+      stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
+    ++n;
+#if PHASE_STAMPS
+    if (threadIdx.x == 0) stamp_phase = n / 2;   // after a release: the index of the phase that begins
+#endif
+  }
+  __device__ void arrive() {
+    stamp();
+    __syncthreads();
+    if (threadIdx.x == 0) seen = atomic_add_release(count, blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u);
+  }
+  __device__ void wait() {
+    if (threadIdx.x == 0)
+      while (((seen ^ ld_acquire(count)) & 0x80000000u) == 0) {}
+    __syncthreads();
+    stamp();
+  }
+  __device__ void sync() { arrive(); wait(); }
+  __device__ void sync(JobSet next, const Ctx& cx, const Smem& sm) { arrive(); prefetch(next, cx, sm); wait(); }
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+kimi_decode_step(const __grid_constant__ KimiParams p) {
+  Barrier grid{p.counters + BARRIER_WORD, reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0, 0};
+  grid.stamp();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ RingSync ring_sync;
+  const Smem sm{smem_raw, &ring_sync};
+  ring_init(sm.rs);
+#pragma unroll 1
+  for (int l = 0; l < NUM_LAYERS; ++l) {
+    const Ctx cx = layer_ctx(p, l);
+    const bool attn = !SKIP_ATTN, moe = !SKIP_MOE;   // profiling switches (-DSKIP_...=1), never knobs
+    const bool ahead = PREFETCH && l > 0;             // the previous layer issued this layer's first chunks
+    if (is_mla_layer(l)) {
+      if (attn) mla_project(cx, sm, ahead);       grid.sync();   // q (+RoPE), cache row append (+RoPE)
+      if (attn) mla_absorb_q(cx);                 grid.sync();   // q_eff = W_uk^T q_nope
+      if (attn) mla_attention(cx, sm);            grid.sync();   // per-split softmax partials
+      if (attn) mla_merge_absorb_v(cx, sm);       grid.sync(JS_MLA_OUT, cx, sm);   // merge splits, o = ctx W_uv
+    } else {
+      if (attn) kda_project(cx, sm, ahead);       grid.sync();   // q,k,v (+conv), g, beta
+      if (attn) kda_delta(cx, sm);                grid.sync(JS_KDA_OUT, cx, sm);   // S update, o = S^T q
+    }
+    if (attn) attn_out_proj(cx, sm, PREFETCH);    grid.sync(JS_SHARED, cx, sm);    // hidden = x + o W_o
+    if (moe) moe_router(cx, sm);                  grid.sync();   // router logits
+    if (moe) {                                                   // top-k; shared and routed SwiGLU
+      moe_routed_gate_up(cx, sm);
+      grid.sync(JS_DOWN, cx, sm);
+    } else {
+      grid.sync();
+    }
+    if (moe) moe_down_residual(cx, sm, PREFETCH);                // hidden += sum_e w_e down_e
+    if (l + 1 < NUM_LAYERS) grid.sync(is_mla_layer(l + 1) ? JS_MLA_PROJECT : JS_KDA_PROJECT, layer_ctx(p, l + 1), sm);
+  }
+  grid.stamp();
+}
