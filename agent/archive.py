@@ -17,6 +17,7 @@ from traces.loader import Trace
 from traces.results import EvalResult, PhaseTimeline
 
 CORRECT = ("measured", "kept", "slower")
+OWN_FAILURES = ("wrong", "build", "crash", "timeout")
 
 
 class ArchivedVersion(BaseModel):
@@ -119,9 +120,10 @@ class Archive:
         return sorted(good, key=lambda v: v.us_per_ctx.get(at, float("inf")))
 
     def repair_depth(self, vid: str) -> int:
-        """How many failed versions in a row end at `vid` (0 for a correct one)."""
+        """How many versions that failed on their own account (wrong, did not build, crashed, hung) end at
+        `vid` in a row (0 for a correct one, or one refused for reasons outside it)."""
         depth = 0
-        while vid in self._versions and not self._versions[vid].correct:
+        while vid in self._versions and self._versions[vid].outcome in OWN_FAILURES:
             depth += 1
             vid = self._versions[vid].parent_id or ""
         return depth

@@ -396,6 +396,9 @@ class Session:
                     f = r.failure
                     failure = f.model_copy(update={"phase": f"confirm ({which} re-timing): {f.phase}",
                                                    "retryable": f.retryable or which == "best"})
+                    if which == "best":   # the comparison could not be made: not the candidate's failure
+                        failure.cls = FailureClass.infra
+                        failure.message = f"the best's re-timing failed ({f.cls.value}): {f.message}"
                     return Verdict(kept=False, reason=f"{f.cls.value} while confirming ({which} re-timing): "
                                                       f"{f.message[:300]}"), failure
                 runs.append(r)

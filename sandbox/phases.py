@@ -61,6 +61,14 @@ def stamp_area(scratch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         MAX_STAMPS // 2, N_EVENTS, MAX_STAMP_BLOCKS)
 
 
+def marked_phases(stamps: torch.Tensor, blocks: int) -> int:
+    """How many phases a step marked: its leading stamp rows that every block wrote (rows zeroed before)."""
+    filled = 0
+    while filled < len(stamps) and bool((stamps[filled, :blocks] > 0).all()):
+        filled += 1
+    return filled // 2
+
+
 def check_stamps(stamps: torch.Tensor, blocks: int, phases: int) -> None:
     """PhaseStampError unless each of `blocks` stamped exactly the 2 * `phases` rows of `phases` phases (rows
     zeroed before the step; the row after them, when given, must stay 0)."""

@@ -15,14 +15,27 @@ from tasks.kimi_linear.task import KimiTask
 CPU = torch.device("cpu")
 
 
-class Flipped:
-    """A 'candidate' that is the reference with some layers' k-th/(k+1)-th experts swapped."""
+class Routed:
+    """A 'candidate' that is the reference routing some layers by another valid (or an invalid) expert set."""
 
-    def __init__(self, model, flips):
-        self.model, self.flips = model, frozenset(flips)
+    def __init__(self, model, choices):
+        self.model, self.choices = model, dict(choices)
 
     def step(self, hidden, state):
-        return self.model.step(hidden, state, flips=self.flips)
+        return self.model.step(hidden, state, choices=self.choices)
+
+
+class Misrouted(Routed):
+    """Routes its chosen layers by a set that is *not* valid there: the k-th expert swapped for the (k+1)-th
+    however far apart their logits are (every expert counts as near the k-th while it steps)."""
+
+    def step(self, hidden, state):
+        valid = ref.routing_sets
+        ref.routing_sets = lambda logits, k, ulps=None: valid(logits, k, ulps=1e9)
+        try:
+            return super().step(hidden, state)
+        finally:
+            ref.routing_sets = valid
 
 
 def tied_model_and_inputs():
@@ -51,13 +64,16 @@ def test_both_sides_of_a_near_tie_pass_and_a_wrong_routing_fails():
     far = max(range(1, 4), key=lambda i: model.routing_margins[i])
     assert model.routing_margins[far] > 4.0
     verdicts = {}
-    for name, flips in (("reference", ()), ("other side of the tie", (0,)), ("wrong routing", (far,))):
-        checker = Checker(task, model, Flipped(model, flips), CPU)
+    model.step(hidden.clone(), clone_state(state))
+    assert model.routing_sets[0] >= 2 and model.routing_sets[far] == 1
+    for name, choices in (("reference", {}), ("other side of the tie", {0: 1}), ("wrong routing", {far: 1})):
+        candidate = (Misrouted if name == "wrong routing" else Routed)(model, choices)
+        checker = Checker(task, model, candidate, CPU)
         case, _, _ = checker._case("step", 3, 12, hidden.clone(), clone_state(state))
         verdicts[name] = case
     assert verdicts["reference"].passed and verdicts["reference"].message == ""
     assert verdicts["other side of the tie"].passed
-    assert "flipped at layer(s) [0]" in verdicts["other side of the tie"].message
+    assert "routing: layer 0 set 2 of" in verdicts["other side of the tie"].message
     assert all(t.tensor_class != "after_tie" for t in verdicts["other side of the tie"].tensors)
     assert not verdicts["wrong routing"].passed
 
@@ -72,31 +88,34 @@ def test_calibration_measures_errors_and_margin_shifts_and_restores_the_models()
 
 
 class ScriptedReference:
-    """Stands in for the reference: each set of flipped layers yields scripted routing margins."""
+    """Stands in for the reference: each set of layer choices yields scripted margins and valid-set counts."""
 
-    def __init__(self, margins_by_flips):
-        self.margins_by_flips = margins_by_flips
-        self.routing_margins = margins_by_flips[frozenset()]
+    def __init__(self, sets_by_choices):
+        self.sets_by_choices = sets_by_choices
+        self.routing_sets = sets_by_choices[()]
+        self.routing_margins = [0.0 if n > 1 else 50.0 for n in self.routing_sets]
         self.runs = []
 
-    def step(self, hidden, state, flips=frozenset()):
-        self.runs.append(frozenset(flips))
-        self.routing_margins = self.margins_by_flips.get(frozenset(flips), [50.0] * 4)
+    def step(self, hidden, state, choices=None):
+        key = tuple(sorted((choices or {}).items()))
+        self.runs.append(key)
+        self.routing_sets = self.sets_by_choices.get(key, [1] * 4)
+        self.routing_margins = [0.0 if n > 1 else 50.0 for n in self.routing_sets]
         return hidden, state
 
 
-def test_a_near_tie_that_appears_only_after_a_flip_is_branched_too():
-    far = 50.0
+def test_every_valid_set_and_a_near_tie_that_appears_only_in_a_branch_are_tried():
     reference = ScriptedReference({
-        frozenset(): [far, 8.0, far, 0.0],          # near ties at layers 1 and 3 in the plain run
-        frozenset({1}): [far, 8.0, 2.0, 13.0],      # flipping layer 1 makes layer 2 tie and widens layer 3
-        frozenset({3}): [far, 8.0, far, 0.0],
-        frozenset({1, 2}): [far, 8.0, 2.0, 1.0],
+        (): [1, 3, 1, 2],                    # near ties at layers 1 (three valid sets) and 3 in the plain run
+        ((1, 1),): [1, 3, 2, 1],              # set 2 at layer 1 makes layer 2 tie and settles layer 3
+        ((1, 2),): [1, 3, 1, 1],
+        ((3, 1),): [1, 3, 1, 2],
+        ((1, 1), (2, 1)): [1, 3, 2, 2],
     })
     variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [])
     names = [name.split(" (margins")[0] for name, _, _ in variants]
-    assert names == ["routing flipped at layer(s) [1]", "routing flipped at layer(s) [3]",
-                     "routing flipped at layer(s) [1, 2]", "routing flipped at layer(s) [1, 2, 3]"]
-    assert variants[0][0].endswith("(margins [50.0, 8.0, 2.0, 13.0])")   # the branch's own run
-    assert frozenset({1, 3}) not in reference.runs   # layer 3 is 13 ulps wide once layer 1 flips
-    assert reference.routing_margins == [far, 8.0, far, 0.0]   # classes refer to the plain run
+    assert names == ["routing: layer 1 set 2 of 3", "routing: layer 1 set 3 of 3", "routing: layer 3 set 2 of 2",
+                     "routing: layer 1 set 2 of …, layer 2 set 2 of 2",
+                     "routing: layer 1 set 2 of …, layer 2 set 2 of …, layer 3 set 2 of 2"]
+    assert ((1, 1), (3, 1)) not in reference.runs     # layer 3 is settled once layer 1 takes set 2
+    assert reference.routing_sets == [1, 3, 1, 2]       # classes refer to the plain run

@@ -132,7 +132,7 @@ def test_mla_absorbed_form_equals_materialized(model):
 def test_moe_topk_selection_and_renormalisation(model):
     moe = model.blocks[1].moe
     x = ref.rmsnorm(init_token(CFG, 9, CPU), model.blocks[1].moe_norm)
-    w, idx = ref.route(moe, CFG, x)
+    w, idx, _ = ref.route(moe, CFG, x)
     logits = (x.double() @ moe.router.weight.double().T).to(torch.bfloat16).double()
     probs = torch.softmax(logits, 0)
     order = sorted(range(CFG.n_experts), key=lambda e: -probs[e].item())[: CFG.n_active]
@@ -219,25 +219,39 @@ def test_routing_margin_and_tie_aware_tolerance_classes(model):
 
 
 @torch.no_grad()
-def test_an_exact_tie_routes_to_the_lower_index_and_the_flip_takes_the_other(model):
+@torch.no_grad()
+def _route_with_levels(model, tied: int):
+    """Route with logits 100, 90, 80, ... (10 apart: far beyond 8 ulps) except that `tied` ranks from the
+    k-th down are equal; returns (sets offered, plain set, the sorted expert order)."""
     moe, k = model.blocks[0].moe, CFG.n_active
     x = torch.zeros(CFG.hidden, dtype=torch.bfloat16)
     x[0] = 1.0
     saved = moe.router.weight.clone()
-    try:   # logit e = router[e, 0]: distinct values, with the k-th and (k+1)-th exactly equal
-        levels = torch.arange(CFG.n_experts, 0, -1, dtype=torch.float32) / 8
-        levels[k] = levels[k - 1]
+    try:
+        levels = 100.0 - 10.0 * torch.arange(CFG.n_experts, dtype=torch.float32)
+        levels[k - 1 : k - 1 + tied] = levels[k - 1]
         order = torch.randperm(CFG.n_experts, generator=torch.Generator().manual_seed(0))
         moe.router.weight.zero_()
         moe.router.weight[order, 0] = levels.to(torch.bfloat16)
-        _, plain = ref.route(moe, CFG, x)
-        _, flipped = ref.route(moe, CFG, x, flip=True)
+        logits = torch.nn.functional.linear(x, moe.router.weight).float()
+        sets = ref.routing_sets(logits, k)
+        routed = [set(ref.route(moe, CFG, x, choice)[1].tolist()) for choice in range(len(sets))]
     finally:
         moe.router.weight.copy_(saved)
-    tied = sorted([int(order[k - 1]), int(order[k])])
+    return sets, routed, order
+
+
+def test_an_exact_tie_routes_to_the_lower_index_and_every_other_valid_set_is_offered(model):
+    k = CFG.n_active
+    sets, routed, order = _route_with_levels(model, tied=2)
     best = {int(e) for e in order[: k - 1]}
-    assert set(plain.tolist()) == best | {tied[0]}     # the kernel's convention: ties to the lower index
-    assert set(flipped.tolist()) == best | {tied[1]}   # the other side of the tie, never the plain set again
+    tied = sorted([int(order[k - 1]), int(order[k])])
+    assert routed == [best | {tied[0]}, best | {tied[1]}]   # the kernel's convention first: ties to the lower index
+    sets, routed, order = _route_with_levels(model, tied=3)   # three equal logits share the last place
+    three = sorted(int(order[k - 1 + i]) for i in range(3))
+    assert routed == [best | {three[0]}, best | {three[1]}, best | {three[2]}]
+    sets, routed, _ = _route_with_levels(model, tied=1)
+    assert len(sets) == 1                                     # no tie: one valid set
 
 
 def test_upstream_stand_in_exposes_upstreams_names_with_fixed_weights():

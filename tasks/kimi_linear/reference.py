@@ -7,6 +7,7 @@ residual adds, RoPE outputs, router logits).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -16,6 +17,8 @@ from .modules import KDA, MLA, Block, KimiBlocks, MoE, QuantExperts, QuantLinear
 from .quant import dequantize
 
 EPS = 1.0e-6
+TIE_ULPS = 8.0          # a top-k boundary this narrow (bf16 ulps) may legitimately resolve either way
+MAX_SETS_PER_LAYER = 8  # valid expert sets considered at one near-tie layer (the plain one included)
 BF16 = torch.bfloat16
 
 
@@ -100,21 +103,39 @@ def mla_step(attn: MLA, cfg, x: torch.Tensor, st: dict) -> torch.Tensor:
     return linear(attn.o_proj, o.reshape(h * cfg.v_head).to(BF16))
 
 
-def route(moe: MoE, cfg, x: torch.Tensor, flip: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over bf16 router logits in fp32, top-k (equal values to the lower expert index, as the
-    kernel breaks ties), renormalised and scaled.
+def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS) -> list[list[int]]:
+    """Every top-k expert set a faithful implementation may choose: the experts above the k-th logit by more
+    than `ulps` bf16 ulps are in every set, and any of those within `ulps` of it may fill the remaining
+    places (an implementation that sums a logit in another order may round it an ulp or more apart). The
+    first set is the plain top-k (equal logits to the lower index); at most MAX_SETS_PER_LAYER are given."""
+    values = logits.float().tolist()
+    order = sorted(range(len(values)), key=lambda e: (-values[e], e))
+    if k >= len(values):
+        return [order]
+    kth = values[order[k - 1]]
+    if not math.isfinite(kth):
+        return [order[:k]]   # garbage in (a candidate's non-finite state): no tie to resolve
+    tol = ulps * bf16_ulp(kth, kth)
+    certain = [e for e in order if values[e] > kth + tol]
+    uncertain = [e for e in order if abs(values[e] - kth) <= tol]
+    combos = itertools.islice(itertools.combinations(uncertain, k - len(certain)), MAX_SETS_PER_LAYER)
+    return [certain + list(c) for c in combos]
 
-    `flip` swaps the k-th expert for the (k+1)-th: the other valid answer when the two logits nearly
-    tie. Both come from one stable sort. torch.topk leaves the order of equal values open (on CUDA it
-    differs between calls and list lengths), so at an exact tie the plain answer itself was arbitrary.
+
+def route(moe: MoE, cfg, x: torch.Tensor, choice: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Softmax over bf16 router logits in fp32, top-k (equal values to the lower expert index, as the
+    kernel breaks ties), renormalised and scaled; with the number of valid expert sets at this input.
+
+    `choice` picks another valid set (routing_sets) when the top-k boundary is a near-tie: the checker
+    accepts a candidate that matches any of them. torch.topk leaves the order of equal values open (on CUDA
+    it differs between calls and list lengths), so the sets come from one explicit ordering.
     """
-    probs = torch.softmax(F.linear(x, moe.router.weight).float(), dim=-1)
-    order = torch.sort(probs, descending=True, stable=True).indices
-    idx = order[: cfg.n_active]
-    if flip and cfg.n_active < probs.numel():
-        idx = torch.cat([idx[:-1], order[cfg.n_active : cfg.n_active + 1]])
+    logits = F.linear(x, moe.router.weight).float()
+    probs = torch.softmax(logits, dim=-1)
+    sets = routing_sets(logits, cfg.n_active)
+    idx = torch.tensor(sets[min(choice, len(sets) - 1)], device=x.device)
     w = probs[idx]
-    return w / (w.sum() + 1e-9) * cfg.routed_scaling, idx
+    return w / (w.sum() + 1e-9) * cfg.routed_scaling, idx, len(sets)
 
 
 def bf16_ulp(a: float, b: float) -> float:
@@ -138,10 +159,13 @@ def routing_margin_ulps(moe: MoE, cfg, x: torch.Tensor) -> float:
     return (kth - nxt) / bf16_ulp(kth, nxt)
 
 
-def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None, flip: bool = False) -> torch.Tensor:
+def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None, choice: int = 0,
+             sets: list[int] | None = None) -> torch.Tensor:
     if margins is not None:
         margins.append(routing_margin_ulps(moe, cfg, x))
-    w, idx = route(moe, cfg, x, flip)
+    w, idx, n_sets = route(moe, cfg, x, choice)
+    if sets is not None:
+        sets.append(n_sets)
     xf = x.float()
 
     def ffn(gate: QuantExperts, up: QuantExperts, down: QuantExperts, e: int) -> torch.Tensor:
@@ -157,32 +181,36 @@ def moe_step(moe: MoE, cfg, x: torch.Tensor, margins: list[float] | None = None,
 
 
 def block_step(blk: Block, cfg, x: torch.Tensor, st: dict, margins: list[float] | None = None,
-               flip: bool = False) -> torch.Tensor:
+               choice: int = 0, sets: list[int] | None = None) -> torch.Tensor:
     attn = kda_step if blk.kind == "K" else mla_step
     h = x + attn(blk.attn, cfg, rmsnorm(x, blk.attn_norm), st)
-    return h + moe_step(blk.moe, cfg, rmsnorm(h, blk.moe_norm), margins, flip)
+    return h + moe_step(blk.moe, cfg, rmsnorm(h, blk.moe_norm), margins, choice, sets)
 
 
 class ReferenceModel(KimiBlocks):
     """The oracle: `step(hidden, state) -> (hidden, state)`, state updated as upstream does.
 
-    After each step `routing_margins` holds every layer's top-k margin (see routing_margin_ulps).
-    `flips` names layers whose k-th and (k+1)-th experts are swapped (the alternative valid answer
-    at a near-tie; the checker evaluates those branches too).
+    After each step `routing_margins` holds every layer's top-k margin (see routing_margin_ulps) and
+    `routing_sets` how many expert sets are valid at each layer (more than one at a near-tie).
+    `choices` maps a layer to which of its valid sets to route by (0, the plain top-k, elsewhere); the
+    checker evaluates those branches too.
     """
 
     routing_margins: list[float] = []
+    routing_sets: list[int] = []
 
     @torch.no_grad()
-    def step(self, hidden: torch.Tensor, state: list[dict], flips: frozenset[int] = frozenset()
+    def step(self, hidden: torch.Tensor, state: list[dict], choices: dict[int, int] | None = None
              ) -> tuple[torch.Tensor, list[dict]]:
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         margins: list[float] = []
+        sets: list[int] = []
+        choices = choices or {}
         try:
             for i, (blk, st) in enumerate(zip(self.blocks, state, strict=True)):
-                hidden = block_step(blk, self.cfg, hidden, st, margins, i in flips)
-            self.routing_margins = margins
+                hidden = block_step(blk, self.cfg, hidden, st, margins, choices.get(i, 0), sets)
+            self.routing_margins, self.routing_sets = margins, sets
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
         return hidden, state
