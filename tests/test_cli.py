@@ -22,7 +22,9 @@ def test_every_shipped_trace_replays_and_reports(trace, tmp_path):
     out = cli("replay", str(trace), "--report", str(tmp_path / "r.html"))
     assert out.returncode == 0, out.stderr
     assert "timeline" in out.stdout and "ended (" in out.stdout and "best =" in out.stdout
-    assert (tmp_path / "r.html").read_text().count("data:image/png;base64,") == 3
+    images = (tmp_path / "r.html").read_text().count("data:image/png;base64,")
+    timelines = '"phases":[{' in trace.read_text()
+    assert images == 3 + timelines   # progress, speedup, roofline; the phase waterfall where timelines exist
 
 
 def test_examples_exist():

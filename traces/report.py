@@ -101,12 +101,14 @@ def _waterfall(trace: Trace, best_id: str) -> bytes | None:
         return None
     ctx = primary_ctx(trace) if primary_ctx(trace) in ctxs else max(ctxs)
     rows = max(len(t.rows) for v in ids for t in timelines[v])
-    fig, axes = plt.subplots(1, len(ids), figsize=(6 * len(ids), 1.2 + 0.26 * rows), sharex=True, sharey=True,
-                             squeeze=False)
     shown = [next(t for t in timelines[v] if t.ctx == ctx) for v in ids]
+    same_phases = len({tuple(r.name for r in tl.rows) for tl in shown}) == 1   # else each panel its own names
+    fig, axes = plt.subplots(1, len(ids), figsize=(6 * len(ids), 1.2 + 0.26 * rows), sharex=True,
+                             sharey=same_phases, squeeze=False)
     for ax, vid, tl in zip(axes[0], ids, shown, strict=True):
         _draw_waterfall(ax, tl, "seed" if vid == seed_id else f"best ({vid})")
-    axes[0][0].invert_yaxis()   # shared: the first phase on top in every panel
+        if not same_phases or ax is axes[0][0]:
+            ax.invert_yaxis()   # the first phase on top (once for a shared axis)
     axes[0][0].set_xlim(0, 1.03 * max(tl.kernel_us for tl in shown))
     axes[0][-1].legend(fontsize=7, loc="upper right")
     return _png(fig)
