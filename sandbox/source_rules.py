@@ -111,29 +111,13 @@ def _strip_comments(lines: list[LogicalLine]) -> list[LogicalLine]:
                 in_block, i = False, end + 2
                 kept.append(" ")
                 continue
-            c = text[i]
             if text.startswith("/*", i):
                 in_block, block_start, i = True, line.number, i + 2
             elif text.startswith("//", i):
                 break
-            elif c in "\"'":
-                end = _literal_end(text, i, line.number)
-                kept.append(text[i:end])
-                i = end
-            elif c.isdigit() or (c == "." and i + 1 < len(text) and text[i + 1].isdigit()):
-                m = PP_NUMBER.match(text, i)
-                kept.append(m.group(0))
-                i = m.end()
-            elif IDENT.match(text, i):
-                m = IDENT.match(text, i)
-                word = m.group(0)
-                if word in RAW_STRING_PREFIXES and text.startswith('"', m.end()):
-                    raise SourceRuleError(f"line {line.number}: raw string literals are refused")
-                kept.append(word)
-                i = m.end()
             else:
-                kept.append(c)
-                i += 1
+                token, i = _lex(text, i, line.number)
+                kept.append(token)
         out.append(LogicalLine(line.number, "".join(kept)))
     if in_block:
         raise SourceRuleError(f"line {block_start}: unterminated /* comment")
@@ -152,34 +136,32 @@ def _literal_end(text: str, i: int, number: int) -> int:
     raise SourceRuleError(f"line {number}: unterminated {'string' if quote == chr(34) else 'character'} literal")
 
 
+def _lex(text: str, i: int, number: int) -> tuple[str, int]:
+    """The pp-token (or the single character) at `i` of a line and where it ends: a literal, a pp-number, an
+    identifier (a raw-string prefix is refused), a punctuator the rules care about (longest first)."""
+    c = text[i]
+    if c in "\"'":
+        end = _literal_end(text, i, number)
+        return text[i:end], end
+    if c.isdigit() or (c == "." and i + 1 < len(text) and text[i + 1].isdigit()):
+        m = PP_NUMBER.match(text, i)
+        return m.group(0), m.end()
+    m = IDENT.match(text, i)
+    if m:
+        if m.group(0) in RAW_STRING_PREFIXES and text.startswith('"', m.end()):
+            raise SourceRuleError(f"line {number}: raw string literals are refused")
+        return m.group(0), m.end()
+    punct = next((p for p in ("%:%:", "##", "%:", "<:", ":>", "<%", "%>") if text.startswith(p, i)), c)
+    return punct, i + len(punct)
+
+
 def _tokens(text: str) -> list[str]:
-    """pp-tokens of a comment-free line: identifiers, numbers, literals and punctuators (longest first)."""
+    """pp-tokens of a comment-free line: identifiers, numbers, literals and punctuators."""
     tokens, i = [], 0
     while i < len(text):
-        c = text[i]
-        if c.isspace():
-            i += 1
-        elif c in "\"'":
-            end = _literal_end(text, i, 0)
-            tokens.append(text[i:end])
-            i = end
-        elif c.isdigit() or (c == "." and i + 1 < len(text) and text[i + 1].isdigit()):
-            m = PP_NUMBER.match(text, i)
-            tokens.append(m.group(0))
-            i = m.end()
-        elif IDENT.match(text, i):
-            m = IDENT.match(text, i)
-            tokens.append(m.group(0))
-            i = m.end()
-        else:
-            for punct in ("%:%:", "##", "%:", "<:", ":>", "<%", "%>"):
-                if text.startswith(punct, i):
-                    tokens.append(punct)
-                    i += len(punct)
-                    break
-            else:
-                tokens.append(c)
-                i += 1
+        token, i = _lex(text, i, 0)
+        if not token.isspace():
+            tokens.append(token)
     return tokens
 
 
