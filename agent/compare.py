@@ -56,14 +56,16 @@ def diff_text(a: Version, b: Version) -> str:
 
 
 def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts: list[int] | None = None,
-               on_result=None) -> None:
+               on_result=None, deadline: float | None = None) -> None:
     """Time the versions in turn, round after round (A B A B ...), pooling each one's samples per context.
-    A version whose timing fails (its timed samples are verified too) drops out with the reason."""
+    A version whose timing fails (its timed samples are verified too) drops out with the reason; no
+    evaluation outlives `deadline` (time.monotonic())."""
     for _ in range(rounds):
         for v in versions:
             if not v.ok:
                 continue
-            res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts)
+            res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts,
+                              deadline=deadline)
             if not res.ok:
                 v.ok, v.check = False, f"timing failed: {res.failure.cls.value}: {res.failure.message}"
             for t in res.timings:
