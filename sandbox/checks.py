@@ -89,20 +89,25 @@ class Checker:
         return out.clone(), st
 
     def _case(self, kind, seed, ctx, hidden, state, step=0, slack=1.0):
-        """Run reference and candidate on copies of (hidden, state); returns (case, cand_out, cand_state).
+        """Run the candidate on (hidden, state), poisoned first, and judge it; returns (case, out, state)."""
+        before = Task.clone_state(state)
+        c_out, c_state = self._candidate_step(hidden.clone(), state)
+        return self.judge(kind, seed, ctx, hidden, before, c_out, c_state, step, slack), c_out, c_state
+
+    def judge(self, kind, seed, ctx, hidden, before, c_out, c_state, step=0, slack=1.0) -> CheckCase:
+        """A candidate's step from (hidden, `before`), its output and state after, against the reference run
+        afterwards from copies of the same inputs.
 
         The candidate must match the reference or one of its equally valid variants (the task's
-        reference_variants, e.g. the other side of a routing near-tie); the case names the variant.
+        reference_variants, e.g. another valid expert set at a routing near-tie); the case names the variant.
         Variants are run only when the plain reference does not match (each is a whole reference step).
         """
-        broken = _not_finite(hidden, state)
+        broken = _not_finite(hidden, before)
         if broken:
             message = (f"the step's input (the candidate's own earlier output and state) is not finite in "
                        f"{broken[:4]}: an earlier step wrote NaN or inf")
-            return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=message), hidden, state
-        before = Task.clone_state(state)
-        r_out, r_state = self.ref.step(hidden.clone(), Task.clone_state(state))
-        c_out, c_state = self._candidate_step(hidden.clone(), state)
+            return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=message)
+        r_out, r_state = self.ref.step(hidden.clone(), Task.clone_state(before))
         try:
             got = self.task.observables(c_out, c_state, ctx)
 
@@ -115,19 +120,22 @@ class Checker:
                 branches += [(label, against(out, st))
                              for label, out, st in self.task.reference_variants(self.ref, hidden, before)]
         except ValueError as e:
-            return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=str(e)), c_out, c_state
+            return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=str(e))
         label, tensors = min(branches, key=lambda b: (not all(t.passed for t in b[1]), _worst(b[1])))
         untouched = self.task.untouched(before, c_state, ctx)
         passed = all(t.passed for t in tensors) and all(untouched.values())
         note = f"matched the reference with {label}" if label and passed else ""
         tried = [f"{b or 'plain reference'}: worst {_worst(t):.2f} of its bound" for b, t in branches]
-        case = CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, tensors=tensors, untouched=untouched,
+        return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, tensors=tensors, untouched=untouched,
                          passed=passed, message=note, branches=tried if len(branches) > 1 else [])
-        return case, c_out, c_state
 
     def chained_case(self, kind: str, seed: int, ctx: int, hidden, state, step: int):
         """A step from the candidate's own earlier state (continuation tolerance); returns (case, out, state)."""
         return self._case(kind, seed, ctx, hidden, state, step, self.task.spec.continuation_slack)
+
+    def judge_chained(self, kind: str, seed: int, ctx: int, hidden, before, c_out, c_state, step: int) -> CheckCase:
+        """judge() at the continuation tolerance (the state is the candidate's own)."""
+        return self.judge(kind, seed, ctx, hidden, before, c_out, c_state, step, self.task.spec.continuation_slack)
 
     def _repeat(self, seed, ctx) -> CheckCase:
         hidden, state = self.task.make_inputs(seed, ctx, self.device)

@@ -24,8 +24,13 @@ def main() -> None:
     nvrtc.compileProgram(warm, arch)
     nvrtc.destroyProgram(warm)
     confinement = restrict_filesystem(req["include_dirs"])
+    answer = {"confinement": confinement, "nvrtc": ".".join(map(str, nvrtc.getVersion())), "log": ""}
+    if confinement.startswith("unconfined") and not req["allow_unconfined"]:
+        answer |= {"ok": False, "error": f"the compiler could not be confined ({confinement}); it does not compile "
+                                         "untrusted source unconfined (MK_ALLOW_UNCONFINED_COMPILER=1 allows it)"}
+        sys.stdout.write(json.dumps(answer))
+        return
     prog = nvrtc.createProgram(req["source"], req["name"], [], [])
-    answer = {"confinement": confinement, "nvrtc": ".".join(map(str, nvrtc.getVersion()))}
     try:
         nvrtc.compileProgram(prog, [*req["options"], *(f"-I{d}" for d in req["include_dirs"])])
         answer |= {"ok": True, "cubin": base64.b64encode(nvrtc.getCUBIN(prog)).decode()}

@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ CANDIDATE_FILE = "candidate.cu"
 PRELUDE_FILE = "task_prelude.cu"
 DIAGNOSTIC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<rest>.*)$")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
+CANNOT_OPEN = re.compile(r'(cannot open source file "[^"]*").*$')   # the OS's reason would tell what exists
 PR_SET_PDEATHSIG = 1
 PASSED_ENV = ("LD_LIBRARY_PATH", "CUDA_PATH", "CUDA_HOME", "CUPY_CACHE_DIR")
 
@@ -78,9 +80,15 @@ def program_text(prelude: str, candidate: str) -> str:
     return f'{prelude}\n#line 1 "{CANDIDATE_FILE}"\n{candidate}'
 
 
+@functools.cache
+def _scratch_home() -> str:
+    """An empty home for the compiler process (libraries may create caches in it before it is confined)."""
+    return tempfile.mkdtemp(prefix="mk-compiler-home-")
+
+
 def child_environment() -> dict[str, str]:
     """Nothing from the caller's environment but what finding NVRTC and our module needs."""
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent", "PYTHONDONTWRITEBYTECODE": "1",
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": _scratch_home(), "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
     return env
@@ -93,7 +101,8 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
     dirs = cuda_include_dirs() if include_dirs is None else include_dirs
     request = {"source": program_text(prelude, candidate), "name": PRELUDE_FILE, "options": options,
                "include_dirs": list(dirs), "memory_bytes": limits.memory_mb << 20,
-               "cpu_seconds": max(1, int(limits.seconds))}
+               "cpu_seconds": max(1, int(limits.seconds)),
+               "allow_unconfined": os.environ.get("MK_ALLOW_UNCONFINED_COMPILER") == "1"}
     t0 = time.perf_counter()
     # in the caller's process group (a worker's group dies with its session) and killed should the caller die
     proc = subprocess.Popen([sys.executable, "-m", "sandbox.compile_child"], stdin=subprocess.PIPE,
@@ -157,7 +166,7 @@ def strip_log(log: str, include_dirs: tuple[str, ...]) -> str:
             if mode == "keep":
                 kept.append(line)   # the candidate's (or prelude's) own text, verbatim
             continue
-        kept.append(ABSOLUTE_PATH.sub(r"\1", line))
+        kept.append(ABSOLUTE_PATH.sub(r"\1", CANNOT_OPEN.sub(r"\1", line)))
     if dropped:
         kept.append(f"({dropped} diagnostic(s) located outside the candidate and the CUDA headers omitted)")
     return "\n".join(kept)

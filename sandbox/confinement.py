@@ -66,7 +66,10 @@ def restrict_filesystem(readable: list[str]) -> str:
         return f"unconfined: landlock_create_ruleset failed ({os.strerror(ctypes.get_errno())})"
     try:
         for path in readable:
-            dir_fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+            try:
+                dir_fd = os.open(path, os.O_PATH | os.O_DIRECTORY)
+            except OSError as e:
+                return f"unconfined: cannot open {path} ({e.strerror})"
             try:
                 rule = PathBeneathAttr(READ_FILE | READ_DIR, dir_fd)
                 if libc.syscall(SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(RULE_PATH_BENEATH),

@@ -97,11 +97,17 @@ def logical_lines(source: str) -> list[LogicalLine]:
 
 
 def _strip_comments(lines: list[LogicalLine]) -> list[LogicalLine]:
+    """Comments become one space. A block comment that spans lines joins them, as it does for the
+    preprocessor: `# /*` newline `*/ include "x"` is one directive line, `#   include "x"`."""
     out: list[LogicalLine] = []
     in_block = False
     block_start = 0
+    kept: list[str] = []
+    number = 0
     for line in lines:
-        text, kept, i = line.text, [], 0
+        text, i = line.text, 0
+        if not in_block:
+            kept, number = [], line.number
         while i < len(text):
             if in_block:
                 end = text.find("*/", i)
@@ -118,7 +124,8 @@ def _strip_comments(lines: list[LogicalLine]) -> list[LogicalLine]:
             else:
                 token, i = _lex(text, i, line.number)
                 kept.append(token)
-        out.append(LogicalLine(line.number, "".join(kept)))
+        if not in_block:
+            out.append(LogicalLine(number, "".join(kept)))
     if in_block:
         raise SourceRuleError(f"line {block_start}: unterminated /* comment")
     return out

@@ -4,12 +4,16 @@ candidate, every timed sample is verified.
 A sample is a chain as decoding runs it: the state carries from step to step and every step gets a
 fresh token. A candidate may tell a timed launch from a checked one in many ways (context length,
 poisoned buffers, counters in its globals or scratch, the clock). So timing does not rely on looking
-alike: each sample starts from fresh inputs drawn like the checker's (a new seed, poisoned the same
-way), runs its warm-up and timed steps as one chain, and is then replayed untimed from a copy of
-those inputs. The replay must end bit-identical to the timed run (same outputs, same state), and one of
-its timed steps, picked only after the timed run, is checked against the fp32 reference from the
-candidate's own state before that step. A kernel that does less work when timed ends differently
-from its replay or fails that check; one that does the same work in both is what was timed.
+alike. Each sample times a chain from fresh inputs drawn like the checker's (a new seed, poisoned the
+same way), after a warm-up on a throwaway chain of its own (the timed tokens do not exist before the
+timed window, so no work can be done on them ahead of it). Every step writes its output to a buffer of
+its own. The chain is then replayed untimed from a copy of its inputs: every output and the final state
+must be bit-identical to the timed run's, the rows of the cache the chain started with must be
+untouched, and one step, picked only after the timed run and not marked in any way the kernel could see
+in its buffers, is checked against the fp32 reference from the candidate's own state before it. A kernel
+that works on fewer steps than it is timed on fails the check on one of them as often as it skips one
+(each of 21 samples per evaluation picks anew); one that behaves differently when timed ends differently
+from its replay.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import time
 import torch
 
 from tasks.base import Task, clone_state
-from traces.results import CheckCase, SampleCheck, TimingResult
+from traces.results import SampleCheck, TimingResult
 
 from .checks import describe, worst_line
 from .stats import spread
@@ -34,23 +38,29 @@ def _chain(task: Task, seed: int, ctx: int, length: int, device) -> tuple[list[t
     return [hidden] + [task.make_token(seed + i, device) for i in range(1, length)], state
 
 
-def _run(model, tokens: list[torch.Tensor], state) -> tuple[torch.Tensor | None, list]:
+def _run(model, tokens: list[torch.Tensor], state, outs: list[torch.Tensor] | None = None):
+    """(last output, state) after a step per token; step i writes to outs[i] when given."""
     out = None
-    for token in tokens:
-        out, state = model.step(token, state)
+    for i, token in enumerate(tokens):
+        out, state = model.step(token, state) if outs is None else model.step(token, state, out=outs[i])
     return out, state
 
 
-def _timed(model, tokens: list[torch.Tensor], state, stream) -> tuple[float, float, torch.Tensor, list]:
-    """(µs per step by CUDA events on the launch stream, host µs per step() call, last output, state)."""
+def _timed(model, tokens: list[torch.Tensor], state, stream, outs: list[torch.Tensor] | None = None):
+    """(µs per step by CUDA events on the launch stream, host µs per step() call, state)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record(stream)
     t0 = time.perf_counter()
-    out, state = _run(model, tokens, state)
+    _, state = _run(model, tokens, state, outs)
     host = time.perf_counter() - t0
     end.record(stream)
     end.synchronize()
-    return start.elapsed_time(end) * 1000.0 / len(tokens), host * 1e6 / len(tokens), out, state
+    return start.elapsed_time(end) * 1000.0 / len(tokens), host * 1e6 / len(tokens), state
+
+
+def _poisoned_outputs(tokens: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One NaN-filled output buffer per step (fresh allocations: 16-byte aligned)."""
+    return [torch.full_like(t, float("nan")) for t in tokens]
 
 
 def time_steps(task: Task, model, ctx: int, seed: int, steps: int, samples: int, warmup: int,
@@ -64,7 +74,7 @@ def time_steps(task: Task, model, ctx: int, seed: int, steps: int, samples: int,
         tokens, state = _chain(task, seed + 1000 * i, start_ctx, warmup + steps, device)
         _, state = _run(model, tokens[:warmup], state)
         torch.cuda.synchronize(device)
-        gpu, host, _, _ = _timed(model, tokens[warmup:], state, stream)
+        gpu, host, _ = _timed(model, tokens[warmup:], state, stream)
         gpu_us.append(gpu)
         host_us.append(host)
     return gpu_us, host_us
@@ -73,24 +83,22 @@ def time_steps(task: Task, model, ctx: int, seed: int, steps: int, samples: int,
 def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: int, warmup: int,
                    device: torch.device, rng: random.Random | None = None
                    ) -> tuple[list[float], list[float], list[SampleCheck]]:
-    """A candidate's samples at `ctx`, each verified; stops at the first sample that fails verification.
-
-    A chain starts `warmup` tokens before `ctx`, so its timed steps run at ctx .. ctx + steps - 1.
-    """
+    """A candidate's samples at `ctx` (timed steps at ctx .. ctx + steps - 1), each verified; stops at the
+    first sample that fails verification."""
     rng = rng or random.SystemRandom()
     stream = torch.cuda.current_stream(device)
-    start_ctx = ctx - warmup if ctx >= warmup else ctx
     gpu_us, host_us, checks = [], [], []
     for _ in range(samples):
-        seed = rng.randrange(1, 2**31 - steps - warmup)
-        tokens, state = _chain(task, seed, start_ctx, warmup + steps, device)
-        pristine = clone_state(state)
+        seed = rng.randrange(1, 2**31 - 2 * (steps + warmup))
+        warm_tokens, warm_state = _chain(task, seed + steps, ctx, warmup, device)   # a throwaway chain
+        checker.poison(warm_state)
+        _run(model, warm_tokens, warm_state, _poisoned_outputs(warm_tokens))
+        tokens, pristine = _chain(task, seed, ctx, steps, device)
+        outs, state = _poisoned_outputs(tokens), clone_state(pristine)
         checker.poison(state)
-        _, state = _run(model, tokens[:warmup], state)
         torch.cuda.synchronize(device)
-        gpu, host, out, state = _timed(model, tokens[warmup:], state, stream)
-        timed_end = (out.clone(), clone_state(state))
-        check = _verify(checker, tokens, pristine, timed_end, seed, start_ctx, warmup + rng.randrange(steps))
+        gpu, host, state = _timed(model, tokens, state, stream, outs)
+        check = _verify(task, checker, tokens, pristine, (outs, state), seed, ctx, rng.randrange(steps))
         checks.append(check)
         gpu_us.append(gpu)
         host_us.append(host)
@@ -99,23 +107,36 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
     return gpu_us, host_us, checks
 
 
-def _verify(checker, tokens, state, timed_end, seed: int, start_ctx: int, verified: int) -> SampleCheck:
-    """Replay the chain from its pristine `state`; step `verified` is checked against the reference."""
+def _verify(task: Task, checker, tokens, pristine, timed, seed: int, ctx: int, verified: int) -> SampleCheck:
+    """Replay the chain from `pristine` exactly as it was timed, keeping the state around step `verified`;
+    then compare the replay with the timed run bit for bit and that step with the reference."""
+    outs, state = _poisoned_outputs(tokens), clone_state(pristine)
     checker.poison(state)
-    case: CheckCase | None = None
-    out = None
+    before = after = None
     for i, token in enumerate(tokens):
         if i == verified:
-            case, out, state = checker.chained_case("timed", seed, start_ctx + i, token, state, i)
-        else:
-            out, state = checker.cand.step(token, state)
-    torch.cuda.synchronize()
-    differing = _differences(timed_end, (out, state))
-    message = (f"the timed run ended differently from its untimed replay in {differing[:4]}: the kernel does "
-               "not compute the same result when timed" if differing else "")
-    passed = case.passed and not differing
-    message = message or ("" if case.passed else describe(case))
-    return SampleCheck(seed=seed, start_ctx=start_ctx, verified_step=verified, replay_identical=not differing,
+            before = clone_state(state)
+        _, state = checker.cand.step(token, state, out=outs[i])
+        if i == verified:
+            after = clone_state(state)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    timed_outs, timed_state = timed
+    differing = [f"out[{i}]" for i, (a, b) in enumerate(zip(timed_outs, outs, strict=True)) if not _same_bits(a, b)]
+    differing += _state_differences(timed_state, state)
+    changed = [k for k, same in task.untouched(pristine, state, ctx).items() if not same]
+    case = checker.judge_chained("timed", seed, ctx + verified, tokens[verified], before, outs[verified], after,
+                                 verified)
+    message = ""
+    if differing:
+        message = (f"the timed run ended differently from its untimed replay in {differing[:4]}: the kernel does "
+                   "not compute the same result when timed")
+    elif changed:
+        message = f"the chain changed {changed} of the state it was given, which must stay bit-identical"
+    elif not case.passed:
+        message = describe(case)
+    passed = not message
+    return SampleCheck(seed=seed, start_ctx=ctx, verified_step=verified, replay_identical=not differing,
                        passed=passed, worst=worst_line(case), message=message, case=None if passed else case)
 
 
@@ -125,11 +146,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def _differences(a, b) -> list[str]:
-    """Names of the tensors (last output, then every state tensor) that differ in any bit between two ends."""
-    (ha, sa), (hb, sb) = a, b
-    out = [] if _same_bits(ha, hb) else ["out"]
-    for i, (la, lb) in enumerate(zip(sa, sb, strict=True)):
+def _state_differences(a: list, b: list) -> list[str]:
+    """Names of the state tensors that differ in any bit between two ends of a chain."""
+    out = []
+    for i, (la, lb) in enumerate(zip(a, b, strict=True)):
         out += [f"L{i}.{k}" for k in la if not _same_bits(la[k], lb[k])]
     return out
 

@@ -56,7 +56,26 @@ def test_a_host_file_never_reaches_the_log_even_past_the_rules():
     assert not out.ok
     assert secret not in out.log and secret not in out.error
     if out.confinement.startswith("Landlock"):
-        assert "cannot open source file" in out.log and "Permission denied" in out.log
+        assert "cannot open source file" in out.log and "Permission denied" not in out.log
+
+
+def test_the_log_does_not_tell_which_host_paths_exist():
+    """Past the rules (called directly), a missing and an existing but unreadable path read the same."""
+    def log(path):
+        out = compile_cuda(GEMV.prelude(), f'#include "{path}"\n', options())
+        return [line.replace(path.rsplit("/", 1)[1], "NAME") for line in out.log.splitlines()
+                if line.startswith("candidate.cu")]
+
+    assert log("/etc/hostname") == log("/etc/no-such-file-here")
+
+
+def test_the_compiler_refuses_to_run_unconfined(monkeypatch):
+    monkeypatch.delenv("MK_ALLOW_UNCONFINED_COMPILER", raising=False)
+    out = compile_cuda(GEMV.prelude(), "int x;\n", options(), include_dirs=("/no/such/header/folder",))
+    assert not out.ok and "could not be confined" in out.error and out.confinement.startswith("unconfined")
+    monkeypatch.setenv("MK_ALLOW_UNCONFINED_COMPILER", "1")
+    allowed = compile_cuda(GEMV.prelude(), "int x;\n", options(), include_dirs=("/no/such/header/folder",))
+    assert "could not be confined" not in allowed.error
 
 
 def test_the_compiler_sees_an_allow_listed_environment(monkeypatch):

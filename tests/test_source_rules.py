@@ -44,6 +44,11 @@ ATTACKS = {
     "unterminated string": 'const char* s = "open;\n',
     "NUL byte": "int a;\0\n",
     "ident directive": '#ident "x"\n',
+    "include behind a comment spanning lines": '# /*\n*/ include "/etc/hostname"\n',
+    "include right after a comment spanning lines": '#/*\n*/include "/etc/passwd"\n',
+    "line directive behind a comment spanning lines": '#/*\n*/line 1 "/etc/passwd"\n',
+    "pragma behind a comment spanning lines": '#/*\n*/pragma message("runs")\n',
+    "angle include behind a spliced comment": '#/* a\n b \\\n c */ include </etc/hostname>\n',
 }
 
 
@@ -74,6 +79,11 @@ def test_harmless_look_alikes_pass():
         "#endif",
         "#",
     ]) + "\n")
+
+
+def test_a_comment_spanning_lines_joins_them_as_the_preprocessor_does():
+    lines = logical_lines("int a; /* x\n y */ int b;\nint c;\n")
+    assert [(ln.number, " ".join(ln.text.split())) for ln in lines[:2]] == [(1, "int a; int b;"), (3, "int c;")]
 
 
 def test_line_numbers_point_at_the_physical_line():

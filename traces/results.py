@@ -87,8 +87,9 @@ class SampleCheck(BaseModel):
     step picked after the timed run matched the reference (sandbox/timing.py)."""
 
     seed: int
-    start_ctx: int = Field(description="context of the chain's first (warm-up) step")
-    verified_step: int = Field(description="index in the chain (warm-up steps first) checked against the reference")
+    start_ctx: int = Field(description="context of the chain's first timed step")
+    verified_step: int = Field(description="index among the chain's timed steps of the one checked against the "
+                                           "reference")
     replay_identical: bool
     passed: bool
     worst: str = Field("", description="the checked step's tensor closest to its bound")

@@ -278,8 +278,11 @@ class MegakernelModel(KimiBlocks):
             self._validate(t, slot.layer, key)
         slot.S, slot.cq, slot.ck, slot.cv = S, cq, ck, cv
 
-    def step(self, hidden: torch.Tensor, state: list[dict]) -> tuple[torch.Tensor, list[dict]]:
-        """One decode step, one launch. No autograd is involved (weights are only read by the kernel).
+    def step(self, hidden: torch.Tensor, state: list[dict], out: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, list[dict]]:
+        """One decode step, one launch. No autograd is involved (weights are only read by the kernel). The
+        output goes to `out` when given (16-byte aligned; the sandbox keeps every output of a timed chain),
+        else to the ring.
 
         The hot path is written for host time (the ~10 µs budget): every check a state needs is made, but
         tensors seen before are recognised by identity and only their pointers (and, for the cache views
@@ -320,15 +323,28 @@ class MegakernelModel(KimiBlocks):
                 raise ValueError(SAME_CONTEXT)
             ctx = n
         p = self._params
-        slot = self._ring_next[0]
-        self._ring_next[0] = slot ^ 1
+        if out is None:
+            slot = self._ring_next[0]
+            self._ring_next[0] = slot ^ 1
+            out, p.hidden_out = ring[slot], self._ring_ptrs[slot]
+        else:
+            p.hidden_out = self._checked_out(out)
+            if p.hidden_out == hidden_ptr:
+                raise ValueError("out must not be the input vector")
         p.hidden_in = hidden_ptr
-        p.hidden_out = self._ring_ptrs[slot]
         p.ctx_len = ctx if ctx > 0 else 0
         self._launcher.launch(self._stream())
         if ctx >= 0:
             self._publish_caches(state, ctx + 1)
-        return ring[slot], state
+        return out, state
+
+    def _checked_out(self, out: torch.Tensor) -> int:
+        """The pointer of a caller's output buffer: a contiguous, 16-byte aligned bf16 vector on our device."""
+        if (out.dtype != torch.bfloat16 or out.numel() != self.cfg.hidden or not out.is_contiguous()
+                or out.device != self._ring[0].device or out.data_ptr() % 16):
+            raise ValueError(f"out must be a contiguous, 16-byte aligned bf16 vector of {self.cfg.hidden} on "
+                             f"{self._ring[0].device}")
+        return out.data_ptr()
 
 
 def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE) -> torch.Tensor:

@@ -62,11 +62,14 @@ class GemvKernelModel(GemvBlock):
     def poison(self, state: list) -> None:
         self._ring[self._next[0]].fill_(float("nan"))
 
-    def step(self, hidden: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
-        if hidden.dtype != torch.bfloat16 or hidden.numel() != self.cfg.hidden or not hidden.is_contiguous():
-            raise ValueError(f"hidden must be a contiguous bf16 vector of {self.cfg.hidden}")
-        out = self._ring[self._next[0]]
-        self._next[0] ^= 1
+    def step(self, hidden: torch.Tensor, state: list, out: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+        """One launch; the output goes to `out` when given (the sandbox keeps every output of a chain)."""
+        for name, t in (("hidden", hidden), ("out", out)):
+            if t is not None and (t.dtype != torch.bfloat16 or t.numel() != self.cfg.hidden or not t.is_contiguous()):
+                raise ValueError(f"{name} must be a contiguous bf16 vector of {self.cfg.hidden}")
+        if out is None:
+            out = self._ring[self._next[0]]
+            self._next[0] ^= 1
         self._params.x, self._params.out = hidden.data_ptr(), out.data_ptr()
         self._launcher.launch(self._stream())
         return out, state

@@ -1,0 +1,123 @@
+"""Verified timing (sandbox.timing) on the CPU, with the real small task, reference and checker and scripted
+candidates: an honest one passes every sample; one that skips work on some timed steps, restores its state
+before the chain ends, or behaves differently when timed, is refused. CUDA events are replaced by a count of
+the real steps in the timed window (the 'µs' below)."""
+
+import random
+
+import pytest
+import torch
+
+import sandbox.timing as timing
+from sandbox.checks import Checker
+from tasks.base import clone_state
+from tasks.kimi_linear.inputs import build_model
+from tasks.kimi_linear.reference import ReferenceModel
+from tasks.registry import get_task
+
+CTX, STEPS, WARMUP, SAMPLES = 12, 6, 2, 8
+CPU = torch.device("cpu")
+TASK = get_task("kimi_linear", "small")
+
+
+class Candidate:
+    """The reference as a candidate, writing each output where the caller asks; `real(pos, out)` decides
+    whether a step does the work (else it appends a zero cache row and copies its input: finite, cheap)."""
+
+    def __init__(self, real=lambda pos, out: True):
+        self.ref = build_model(ReferenceModel, TASK.cfg, seed=0, device=CPU)
+        self.real, self.real_steps, self.calls = real, 0, 0
+        self.ring = torch.zeros(TASK.cfg.hidden, dtype=torch.bfloat16)
+        self.mla = [i for i, k in enumerate(TASK.cfg.pattern) if k == "M"]
+
+    def poison(self, state):
+        self.ring.fill_(float("nan"))
+
+    def step(self, hidden, state, out=None):
+        self.calls += 1
+        out = self.ring if out is None else out
+        pos = state[self.mla[0]]["c_kv"].shape[0]
+        if self.real(pos, out):
+            self.real_steps += 1
+            result, state = self.ref.step(hidden.clone(), state)
+        else:
+            for i in self.mla:
+                for k in ("c_kv", "k_rope"):
+                    v = state[i][k]
+                    state[i][k] = torch.cat([v, v.new_zeros(1, v.shape[1])], 0)
+            result = hidden
+        out.copy_(result)
+        return out, state
+
+
+def run(monkeypatch, cand):
+    def counted(model, tokens, state, stream, outs=None):
+        before = model.real_steps
+        _, state = timing._run(model, tokens, state, outs)
+        return float(model.real_steps - before), 0.0, state
+
+    monkeypatch.setattr(timing, "_timed", counted)
+    monkeypatch.setattr(timing.torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda device=None: None)
+    checker = Checker(TASK, build_model(ReferenceModel, TASK.cfg, seed=0, device=CPU), cand, CPU)
+    return timing.time_candidate(TASK, cand, checker, CTX, STEPS, SAMPLES, WARMUP, CPU, rng=random.Random(3))
+
+
+def test_an_honest_candidate_passes_every_sample_with_every_output_compared(monkeypatch):
+    real, _, checks = run(monkeypatch, Candidate())
+    assert real == [float(STEPS)] * SAMPLES
+    assert all(c.passed and c.replay_identical for c in checks)
+    assert len({c.verified_step for c in checks}) > 1 and len({c.seed for c in checks}) == SAMPLES
+
+
+def test_skipping_work_on_every_other_timed_step_is_refused(monkeypatch):
+    real, _, checks = run(monkeypatch, Candidate(real=lambda pos, out: (pos - CTX) % 2 == 0))
+    assert not checks[-1].passed and "timed" in checks[-1].message
+
+
+def test_working_only_where_the_buffer_looks_checked_gains_nothing(monkeypatch):
+    """The red team's cheat: real work only on a poisoned output buffer. Every step's buffer is poisoned,
+    timed or replayed, so the kernel cannot skip anything; it did all the work and passed."""
+    real, _, checks = run(monkeypatch, Candidate(real=lambda pos, out: bool(torch.isnan(out[0]))))
+    assert real == [float(STEPS)] * SAMPLES and all(c.passed for c in checks)
+
+
+def test_a_candidate_that_works_only_at_the_chain_ends_is_refused(monkeypatch):
+    ends = {CTX, CTX + STEPS - 1}
+    real, _, checks = run(monkeypatch, Candidate(real=lambda pos, out: pos in ends))
+    assert not checks[-1].passed
+
+
+def test_doing_less_when_timed_than_in_the_replay_is_refused(monkeypatch):
+    """A kernel that can tell the timed run from its replay (here: it counts its calls) and skips work in
+    the first ends differently from the replay."""
+    per_sample = STEPS * 2 + WARMUP
+
+    def timed_window(pos, out):   # calls of a sample: warm-up, timed run, replay
+        return not (WARMUP <= (cand.calls - 1) % per_sample < WARMUP + STEPS and pos == CTX + 3)
+
+    cand = Candidate(real=timed_window)
+    real, _, checks = run(monkeypatch, cand)
+    assert not checks[0].passed and not checks[0].replay_identical
+    assert "timed run ended differently" in checks[0].message
+
+
+def test_rewriting_the_cache_it_was_given_is_refused(monkeypatch):
+    class Rewriter(Candidate):
+        def step(self, hidden, state, out=None):
+            out, state = super().step(hidden, state, out)
+            for i in self.mla:
+                state[i]["c_kv"] = state[i]["c_kv"].clone()
+                state[i]["c_kv"][0] = 0   # an old row
+            return out, state
+
+    real, _, checks = run(monkeypatch, Rewriter())
+    assert not checks[0].passed and ("must stay bit-identical" in checks[0].message or "bit-identical" in
+                                     checks[0].message)
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_the_chain_keeps_a_token_per_step(length):
+    tokens, state = timing._chain(TASK, 5, CTX, length, CPU)
+    assert len(tokens) == length and all(t.shape == (TASK.cfg.hidden,) for t in tokens)
+    assert state[3]["c_kv"].shape[0] == CTX and clone_state(state)[3]["c_kv"].shape[0] == CTX
