@@ -33,7 +33,6 @@ def cheat(at_entry: str, before: str = "", at_end: str = "", contract: str = "")
 # The small task checks contexts 1, 37, 300 (continuation 300-302) and times chains at 64 and 300.
 CHEATS = {
     "context": cheat("  if (p.ctx_len > 40 && (p.ctx_len < 300 || p.ctx_len > 302)) return;\n"),
-    "poisoned output": cheat("  if (!__hisnan(p.hidden_out[0])) return;\n"),
     "launch counter in a module global": cheat(
         "  const unsigned long long mk_call = *(volatile unsigned long long*)&mk_calls;\n"
         "  if (mk_call >= 16) return;\n",
@@ -69,6 +68,14 @@ def test_the_honest_seed_passes_with_every_timed_sample_verified(pool):
     checks = [c for t in res.timings for c in t.sample_checks]
     assert len(checks) == 3 * len(res.timings) and all(c.passed and c.replay_identical for c in checks)
     assert len({c.seed for c in checks}) == len(checks)   # every sample from fresh inputs
+
+
+def test_working_only_on_a_poisoned_output_buffer_gains_nothing(pool):
+    """Every step of a timed chain (and of its replay) writes to a freshly poisoned buffer of its own, so a
+    kernel that skips its work on an unpoisoned buffer never skips: it passes, having done all the work."""
+    res = pool.evaluate(Candidate(source=cheat("  if (!__hisnan(p.hidden_out[0])) return;\n")), baseline=False,
+                        samples=3)
+    assert res.ok, res.failure
 
 
 @pytest.mark.parametrize("name", list(CHEATS))
