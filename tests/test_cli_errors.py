@@ -31,6 +31,8 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "typo.cu").write_text(GEMV_SEED.read_text().replace("float ss = 0.0f;", "float ss = 0.0f"))
     (tmp_path / "garbage.cu").write_text("this is not CUDA\n")
     (tmp_path / "no_contract.cu").write_text(KIMI_SEED.read_text().replace("MK_LAUNCH_CONTRACT(", "NO_CONTRACT("))
+    (tmp_path / "commented_contract.cu").write_text(KIMI_SEED.read_text().replace("MK_LAUNCH_CONTRACT(",
+                                                                                  "// MK_LAUNCH_CONTRACT("))
     (tmp_path / "held").mkdir()
     (tmp_path / "held" / "trace.jsonl").write_text("")
     return tmp_path
@@ -72,6 +74,7 @@ def refused(capsys, *argv: str) -> str:
     (["export", "garbage.cu"], "garbage.cu does not define the kimi_linear entry"),
     (["export", str(GEMV_SEED)], 'the kimi_linear entry: extern "C" __global__ void kimi_decode_step'),
     (["export", "no_contract.cu"], "no_contract.cu does not declare its launch: MK_LAUNCH_CONTRACT"),
+    (["export", "commented_contract.cu"], "commented_contract.cu does not declare its launch"),
     (["export", str(KIMI_SEED), "--knob", "KSPLIT_SHARED=7"], "KSPLIT_SHARED=7 is not one of"),
     (["compare", f"{GEMV_SEED}:NOPE=3", "--task", "w4a16_gemv"], "declared: ['BLOCKS_PER_SM'"),
     (["compare", f"{TRACE}#nope"], "no version with id 'nope'"),
