@@ -5,17 +5,23 @@ from __future__ import annotations
 import re
 import time
 
+MAX_BUDGET_S = 7 * 24 * 3600  # longer is a typo, and would overflow the timeouts derived from it
+
 
 def parse_duration(text: str) -> float:
-    """'30m', '90s', '1h30m', '600' -> seconds."""
-    text = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
-    if not parts or not any(parts.groups()):
-        raise ValueError(f"cannot read duration {text!r} (use e.g. 30m, 90s, 1h30m)")
-    h, m, s = (int(g or 0) for g in parts.groups())
-    return float(h * 3600 + m * 60 + s)
+    """'30m', '90s', '1h30m', '600' -> seconds; anything else, or no time at all, is a ValueError."""
+    clean = text.strip().lower()
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", clean)
+    if re.fullmatch(r"\d+(\.\d+)?", clean):
+        seconds = float(clean)
+    elif parts and any(parts.groups()):
+        h, m, s = (int(g or 0) for g in parts.groups())
+        seconds = float(h * 3600 + m * 60 + s)
+    else:
+        raise ValueError(f"cannot read duration {text!r} (use e.g. 30m, 90s, 1h30m or 600)")
+    if not 0 < seconds <= MAX_BUDGET_S:
+        raise ValueError(f"duration {text!r} must be more than zero and at most a week")
+    return seconds
 
 
 class Budget:

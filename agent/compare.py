@@ -15,7 +15,10 @@ from sandbox.candidate import Candidate
 from sandbox.pool import Evaluator
 from sandbox.report import check_summary
 from sandbox.stats import verdict
-from traces.loader import load
+from tasks.base import Task
+
+from .errors import BadInput
+from .preflight import check_kernel, load_trace, parse_knob, read_kernel
 
 
 @dataclass
@@ -27,22 +30,21 @@ class Version:
     samples: dict[int, list[float]] = field(default_factory=dict)
 
 
-def parse_version(spec: str) -> Version:
-    """`file.cu`, `file.cu:K=V,K2=V2` (a knob set of a file) or `trace.jsonl#ID`."""
+def parse_version(spec: str, task: Task) -> Version:
+    """`file.cu`, `file.cu:K=V,K2=V2` (a knob set of a file) or `trace.jsonl#ID`, of `task`; a file version is
+    checked (knobs, source rules, a compile on this CPU) before any GPU work."""
     if "#" in spec:
         path, vid = spec.rsplit("#", 1)
-        source, knobs = load(Path(path)).version(vid)
+        trace = load_trace(Path(path))
+        if trace.start.task != task.spec.name:
+            raise BadInput(f"{spec}: the trace is of task {trace.start.task}, not {task.spec.name}")
+        source, knobs = trace.version(vid)
         return Version(spec, Candidate(source=source, knobs=knobs))
     path, _, knob_text = spec.partition(":")
-    if not Path(path).is_file():
-        raise ValueError(f"{spec}: no such kernel file {path}")
-    knobs = {}
-    for item in filter(None, knob_text.split(",")):
-        name, sep, value = item.partition("=")
-        if not sep or not value.lstrip("-").isdigit():
-            raise ValueError(f"{spec}: knob settings are NAME=INTEGER separated by commas")
-        knobs[name] = int(value)
-    return Version(spec, Candidate(source=Path(path).read_text(), knobs=knobs))
+    knobs = dict(parse_knob(item) for item in knob_text.split(",") if item)
+    cand = Candidate(source=read_kernel(Path(path)), knobs=knobs)
+    check_kernel(task, cand, spec, compile=True)
+    return Version(spec, cand)
 
 
 def diff_text(a: Version, b: Version) -> str:

@@ -13,3 +13,7 @@ class RunFolderInUse(StartError):
 
 class ResumeMismatch(StartError):
     """The trace being resumed records another task or size than the one given."""
+
+
+class BadInput(ValueError):
+    """A command's input is unusable (a file, a name, a knob, a kernel that does not compile): one line, exit 2."""

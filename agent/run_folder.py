@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from .errors import RunFolderInUse
@@ -28,6 +29,29 @@ def check_out_dir(out_dir: Path, resumed_trace: Path | None = None, work_dir: Pa
     if held:
         raise RunFolderInUse(f"{out_dir} already holds another run ({', '.join(held[:4])}"
                              f"{', ...' if len(held) > 4 else ''}): choose an empty folder, or resume that run's trace")
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, innermost first: what making it creates."""
+    missing = []
+    for p in [Path(path).absolute(), *Path(path).absolute().parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def remove_folders(made: list[Path]) -> None:
+    """Undo `missing_folders` for a run that never started: the run folder with what it holds, its parents
+    only while they are empty (another session may have put its own run there meanwhile)."""
+    if not made:
+        return
+    shutil.rmtree(made[0], ignore_errors=True)
+    for parent in made[1:]:
+        try:
+            parent.rmdir()
+        except OSError:
+            return
 
 
 def write_best(out_dir: Path, text: str) -> Path:

@@ -80,18 +80,22 @@ class SessionSummary(BaseModel):
 
 def project_commit() -> str:
     """The commit the code under test comes from: MK_PROJECT_COMMIT when the caller states it (a copied
-    tree's .git can be stale), else git's HEAD, marked "-dirty" when tracked files differ from it."""
+    tree's .git can be stale), else git's HEAD, marked "-dirty" when tracked files differ from it; "unknown"
+    unless the project folder is itself the top of a checkout (a copy inside another repository is not)."""
     stated = os.environ.get("MK_PROJECT_COMMIT")
     if stated:
         return stated
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", head.stdout.strip()):
+        head = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10)
+        lines = head.stdout.split("\n")
+        if (head.returncode != 0 or len(lines) < 2 or Path(lines[0]).resolve() != ROOT.resolve()
+                or not re.fullmatch(r"[0-9a-f]{40}", lines[1])):
             return "unknown"
         diff = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return head.stdout.strip() + ("-dirty" if diff.returncode != 0 else "")
+    return lines[1] + ("-dirty" if diff.returncode != 0 else "")
 
 
 def environment(device) -> Environment:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from pathlib import Path
+from importlib import resources
+from pathlib import Path, PurePosixPath
 
 import torch
 
@@ -35,7 +36,9 @@ class Task(ABC):
         """Text prepended to every candidate (headers, ABI structs, launch macro)."""
 
     def seed_source(self) -> str:
-        return (ROOT / self.spec.seed_kernel).read_text()
+        """The seed kernel, read as package data: the same text from a checkout and from an installed wheel."""
+        inside = PurePosixPath(self.spec.seed_kernel).relative_to("kernels")
+        return (resources.files("kernels") / inside.as_posix()).read_text()
 
     # ---- GPU side ----
     @abstractmethod

@@ -33,7 +33,7 @@ class TaskSpec(BaseModel):
     size: str = Field(description="configuration name, e.g. 'full' or 'small'")
     description: str
     dims: dict[str, int | float | str]
-    seed_kernel: str = Field(description="path of the seed kernel, relative to the project root")
+    seed_kernel: str = Field(description="the seed kernel, kernels/<task>/seed.cu (package data: tasks.base reads it)")
     entry: str = Field(description="name of the kernel's extern \"C\" __global__ entry point")
     context_lengths: list[int] = Field(description="contexts the benchmark times")
     check_context_lengths: list[int] = Field(description="contexts the correctness check runs at")

@@ -177,7 +177,7 @@ def test_declared_knobs_reach_the_planner(tmp_path):
     assert seen == {"knobs": [k.name for k in parse_knobs(SRC)], "best": {"A": 2, "B": 8, "C": 0}}
 
 
-def test_project_commit_prefers_the_stated_commit_and_marks_a_dirty_tree(tmp_path, monkeypatch):
+def test_project_commit_prefers_the_stated_commit_marks_a_dirty_tree_and_needs_its_own_checkout(tmp_path, monkeypatch):
     monkeypatch.setenv("MK_PROJECT_COMMIT", "f" * 40)
     assert session_mod.project_commit() == "f" * 40
     monkeypatch.delenv("MK_PROJECT_COMMIT")
@@ -193,6 +193,9 @@ def test_project_commit_prefers_the_stated_commit_and_marks_a_dirty_tree(tmp_pat
     assert session_mod.project_commit() == head
     (repo / "f.txt").write_text("b")
     assert session_mod.project_commit() == head + "-dirty"
+    (repo / "project").mkdir()
+    monkeypatch.setattr(session_mod, "ROOT", repo / "project")   # a copy of the project inside another repository
+    assert session_mod.project_commit() == "unknown"
     monkeypatch.setattr(session_mod, "ROOT", tmp_path / "nowhere")
     assert session_mod.project_commit() == "unknown"
 
