@@ -15,6 +15,7 @@ import random
 import selectors
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 from collections.abc import Mapping
@@ -107,7 +108,7 @@ class Evaluator:
                  extra_env: Mapping[str, str] | None = None):
         self.task, self.size, self.weight_seed = task, size, weight_seed
         self.worker_module = worker_module
-        self.work_dir = Path(work_dir or ROOT / "runs" / "sandbox")
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="mk-sandbox-"))   # never beside the installed code
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.timeouts = timeouts or PhaseTimeouts()
         self.device: DeviceInfo | None = None
