@@ -15,8 +15,8 @@ import random
 import selectors
 import signal
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
