@@ -89,9 +89,13 @@ def resolve_knobs(declared: list[Knob], values: dict[str, int]) -> dict[str, int
 
 
 def check_preprocessing(source: str) -> None:
-    """The source's includes, pragmas and other directives follow sandbox.source_rules."""
+    """The source's includes, pragmas and other directives follow sandbox.source_rules, and it uses none of
+    the header macros that would undo them."""
+    from .compiler import cuda_include_dirs
+    from .header_macros import dangerous_header_macros
+
     try:
-        check_source(source)
+        check_source(source, dangerous_header_macros(cuda_include_dirs()))
     except SourceRuleError as e:
         raise CandidateError(str(e)) from e
 

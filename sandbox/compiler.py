@@ -163,8 +163,8 @@ def strip_log(log: str, include_dirs: tuple[str, ...]) -> str:
                 continue
             line = f"{os.path.basename(path)}({m.group('line')}): {m.group('rest')}"
         elif line.startswith((" ", "\t")):
-            if mode == "keep":
-                kept.append(line)   # the candidate's (or prelude's) own text, verbatim
+            if mode == "keep":   # the candidate's own text, or the compiler's context ("detected during ...")
+                kept.append(ABSOLUTE_PATH.sub(r"\1", line))
             continue
         kept.append(ABSOLUTE_PATH.sub(r"\1", CANNOT_OPEN.sub(r"\1", line)))
     if dropped:

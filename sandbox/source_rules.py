@@ -49,11 +49,13 @@ class LogicalLine:
     text: str
 
 
-def check_source(source: str) -> None:
-    """Raise SourceRuleError on the first rule the source breaks; return quietly otherwise."""
+def check_source(source: str, header_macros: frozenset[str] = frozenset()) -> None:
+    """Raise SourceRuleError on the first rule the source breaks; return quietly otherwise. `header_macros`
+    are macros of the includable headers that would undo the rules (sandbox.header_macros); using one is
+    refused like the operator it stands for."""
     _check_raw_text(source)
     for line in logical_lines(source):
-        _check_line(line)
+        _check_line(line, header_macros)
 
 
 def _check_raw_text(source: str) -> None:
@@ -172,7 +174,7 @@ def _tokens(text: str) -> list[str]:
     return tokens
 
 
-def _check_line(line: LogicalLine) -> None:
+def _check_line(line: LogicalLine, header_macros: frozenset[str]) -> None:
     n, text = line.number, line.text
     outside_literals = re.sub(r"\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'", " ", text)
     if re.search(r"\\[uU]", outside_literals):
@@ -183,6 +185,9 @@ def _check_line(line: LogicalLine) -> None:
     for tok in tokens:
         if tok in FORBIDDEN_IDENTIFIERS:
             raise SourceRuleError(f"line {n}: {tok} is refused (it can read files or run pragmas)")
+        if tok in header_macros:
+            raise SourceRuleError(f"line {n}: {tok} is refused: this CUDA header macro pastes tokens, runs a "
+                                  "pragma or tests for a file")
         if tok in ("##", "%:%:"):
             raise SourceRuleError(f"line {n}: token pasting (##) is refused (it can assemble _Pragma or "
                                   "__has_include)")

@@ -96,3 +96,32 @@ def test_line_numbers_point_at_the_physical_line():
 def test_validate_reports_rule_breaks_as_candidate_errors():
     with pytest.raises(CandidateError, match="line 1: #include <stdio.h> is not on the allow-list"):
         validate(Candidate(source="#include <stdio.h>\n"))
+
+
+HEADER_MACROS = {
+    "_CCCL_HAS_INCLUDE": "#include <cuda/std/cstdint>\n#if _CCCL_HAS_INCLUDE(</etc/passwd>)\n#endif\n",
+    "_CCCL_PRAGMA": '#include <cuda/std/cstdint>\n_CCCL_PRAGMA(message("x"))\n',
+    "_CCCL_PP_CAT pasting _Pragma": '#include <cuda/std/cstdint>\n_CCCL_PP_CAT(_Pra, gma)("message(\\"x\\")")\n',
+    "an alias of a pasting macro": "#include <cuda/std/cstdint>\n#define CAT _CCCL_PP_CAT\n",
+}
+
+
+@pytest.mark.parametrize("name", list(HEADER_MACROS))
+def test_header_macros_that_stand_for_refused_operators_are_refused(name):
+    with pytest.raises(CandidateError, match="CUDA header macro"):
+        validate(Candidate(source=HEADER_MACROS[name]))
+
+
+def test_which_header_macros_are_refused():
+    from sandbox.header_macros import macros_that_reach_the_preprocessor
+
+    denied = macros_that_reach_the_preprocessor([
+        "#define PRAGMA(x) _Pragma(#x)\n#define CAT(a, b) a##b\n#define CAT2(a, b) CAT(a, b)\n"
+        "#define ALIAS CAT\n#define FIXED PRAGMA(unroll)\n#define INF __builtin_inff()\n"
+        "#define HAS(x) __has_include(x)\n#define LONG(a) \\\n  CAT(a, 1)\n"])
+    assert denied == {"PRAGMA", "CAT", "CAT2", "ALIAS", "HAS", "LONG"}   # FIXED and INF cannot be steered
+
+
+def test_the_shipped_seeds_use_no_refused_header_macro():
+    for path in ("kernels/kimi_linear/seed.cu", "kernels/w4a16_gemv/seed.cu"):
+        validate(Candidate(source=(ROOT / path).read_text()))
