@@ -10,8 +10,10 @@ from pydantic import BaseModel, ConfigDict
 
 from .source_rules import SourceRuleError, check_source
 
-KNOB_RE = re.compile(r"^\s*//\s*@knob\s+(\w+)\s+(-?\d+)\s+\{([^}]*)\}[ \t]*(.*)$", re.MULTILINE)
-KNOB_LOOSE_RE = re.compile(r"^\s*//\s*@knob\b.*$", re.MULTILINE)
+# [ \t], not \s: a pattern anchored at every line start must not run over newlines (quadratic on blank lines)
+KNOB_RE = re.compile(r"^[ \t]*//[ \t]*@knob[ \t]+(\w+)[ \t]+(-?\d+)[ \t]+\{([^}\n]*)\}[ \t]*(.*)$", re.MULTILINE)
+KNOB_LOOSE_RE = re.compile(r"^[ \t]*//[ \t]*@knob\b.*$", re.MULTILINE)
+MAX_SOURCE_CHARS = 1_000_000   # the seed is 88 KB; a planner's edits must not grow a source without bound
 
 
 class CandidateError(ValueError):
@@ -54,6 +56,8 @@ def source_sha256(text: str) -> str:
 
 def parse_knobs(source: str) -> list[Knob]:
     """`// @knob NAME DEFAULT {v1,v2,...} [what it does]` lines, in order; malformed or duplicates are errors."""
+    if len(source) > MAX_SOURCE_CHARS:
+        raise CandidateError(f"the source has {len(source):,} characters; at most {MAX_SOURCE_CHARS:,} are accepted")
     knobs: dict[str, Knob] = {}
     well_formed = {m.start() for m in KNOB_RE.finditer(source)}
     for m in KNOB_LOOSE_RE.finditer(source):

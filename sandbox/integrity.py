@@ -11,8 +11,10 @@ import torch
 
 
 class WeightGuard:
+    """The pristine copies live in host memory, where no kernel can reach them."""
+
     def __init__(self, reference: torch.nn.Module):
-        self._pristine = {k: v.detach().clone() for k, v in reference.state_dict().items()}
+        self._pristine = {k: v.detach().cpu().clone() for k, v in reference.state_dict().items()}
 
     def changed(self, **models: torch.nn.Module) -> list[str]:
         """'model: weight' for every weight of the named models that differs from its pristine copy."""
@@ -20,6 +22,6 @@ class WeightGuard:
         for label, model in models.items():
             for name, value in model.state_dict().items():
                 want = self._pristine.get(name)
-                if want is not None and not torch.equal(value, want):
+                if want is not None and not torch.equal(value.detach().cpu(), want):
                     out.append(f"{label}: {name}")
         return out

@@ -94,11 +94,14 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
         checker.poison(warm_state)
         _run(model, warm_tokens, warm_state, _poisoned_outputs(warm_tokens))
         tokens, pristine = _chain(task, seed, ctx, steps, device)
+        kept_tokens = [t.clone() for t in tokens]   # the replay's own: the timed run's may not be written to
         outs, state = _poisoned_outputs(tokens), clone_state(pristine)
         checker.poison(state)
         torch.cuda.synchronize(device)
         gpu, host, state = _timed(model, tokens, state, stream, outs)
-        check = _verify(task, checker, tokens, pristine, (outs, state), seed, ctx, rng.randrange(steps))
+        written = [i for i, (a, b) in enumerate(zip(tokens, kept_tokens, strict=True)) if not _same_bits(a, b)]
+        check = (_verify(task, checker, kept_tokens, pristine, (outs, state), seed, ctx, rng.randrange(steps))
+                 if not written else _tampered(seed, ctx, f"the kernel wrote into its input tokens {written[:4]}"))
         checks.append(check)
         gpu_us.append(gpu)
         host_us.append(host)
@@ -138,6 +141,11 @@ def _verify(task: Task, checker, tokens, pristine, timed, seed: int, ctx: int, v
     passed = not message
     return SampleCheck(seed=seed, start_ctx=ctx, verified_step=verified, replay_identical=not differing,
                        passed=passed, worst=worst_line(case), message=message, case=None if passed else case)
+
+
+def _tampered(seed: int, ctx: int, message: str) -> SampleCheck:
+    return SampleCheck(seed=seed, start_ctx=ctx, verified_step=-1, replay_identical=False, passed=False,
+                       message=message)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -129,3 +129,14 @@ def test_a_worker_inherits_no_secret(tmp_path, monkeypatch):
         assert pool.evaluate(Candidate(source="ENV_DUMP")).ok
     env = json.loads(out.read_text())
     assert "AWS_SECRET_ACCESS_KEY" not in env and "GH_PAT" not in env and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_knob_lines_are_matched_within_their_line_and_sources_are_capped():
+    from sandbox.candidate import KNOB_LOOSE_RE, KNOB_RE, MAX_SOURCE_CHARS
+
+    text = "\n\n\n// @knob A 1 {1,2}\n"
+    # a match that began on an earlier blank line (\s* over newlines) made parsing quadratic in blank lines
+    assert KNOB_RE.search(text).start() == 3 and KNOB_LOOSE_RE.search(text).start() == 3
+    assert [k.name for k in parse_knobs("\n" * 1000 + text)] == ["A"]
+    with pytest.raises(CandidateError, match="at most"):
+        parse_knobs("x" * (MAX_SOURCE_CHARS + 1))

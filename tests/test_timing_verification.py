@@ -121,3 +121,14 @@ def test_the_chain_keeps_a_token_per_step(length):
     tokens, state = timing._chain(TASK, 5, CTX, length, CPU)
     assert len(tokens) == length and all(t.shape == (TASK.cfg.hidden,) for t in tokens)
     assert state[3]["c_kv"].shape[0] == CTX and clone_state(state)[3]["c_kv"].shape[0] == CTX
+
+
+def test_writing_into_its_input_tokens_is_refused(monkeypatch):
+    class Scribbler(Candidate):
+        def step(self, hidden, state, out=None):
+            out, state = super().step(hidden, state, out)
+            hidden.zero_()   # e.g. to make later inputs predictable
+            return out, state
+
+    _, _, checks = run(monkeypatch, Scribbler())
+    assert not checks[0].passed and "input tokens" in checks[0].message
