@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from .headline import outcome_name
 from .loader import Trace
 
 
@@ -23,7 +24,7 @@ def predictions(trace: Trace) -> list[list[str]]:
         measured = a.evaluate.result.median_by_ctx() if a.evaluate else {}
         phases = ", ".join(f"{k} {v:.1f}" for k, v in p.predicted_phases.items())
         rows.append([p.id, p.name, p.parent_id, p.hypothesis[:160], _us(p.predicted_us) + (f" ({phases})" if phases
-                     else ""), _us(measured), a.outcome])
+                     else ""), _us(measured), outcome_name(a)])
     return rows
 
 
