@@ -133,3 +133,9 @@ def session_baseline(trace: Trace) -> Baseline | None:
     vid, us = timed[0]
     drift = {ctx: (min(u[ctx] for _, u in timed if ctx in u), max(u[ctx] for _, u in timed if ctx in u)) for ctx in us}
     return Baseline(us, vid, drift)
+
+
+def best_id(trace: Trace) -> str:
+    """The last kept attempt, else the starting kernel ("" before it was measured)."""
+    kept = [a.proposal.id for a in trace.attempts() if a.outcome == "kept"]
+    return kept[-1] if kept else trace.measure.id if trace.measure else ""
