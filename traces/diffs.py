@@ -10,6 +10,11 @@ from .loader import Trace
 from .sections import Blocks
 
 
+def _named(trace: Trace, vid: str) -> str:
+    name = next((e.name for e in trace.events if e.type == "proposal" and e.id == vid), "")
+    return f"{vid} ({name})" if name else vid
+
+
 def kept_diffs(trace: Trace) -> Blocks:
     items = []
     for a in trace.attempts():
@@ -18,6 +23,7 @@ def kept_diffs(trace: Trace) -> Blocks:
         p = a.proposal
         parent, child = (Version(vid, Candidate(source=s, knobs=k)) for vid, (s, k) in
                          ((p.parent_id, trace.version(p.parent_id)), (p.id, trace.version(p.id))))
-        items.append((f"{p.id} against its parent {p.parent_id}: {p.hypothesis[:120]}", diff_text(parent, child)))
+        heading = f"{_named(trace, p.id)} against its parent {_named(trace, p.parent_id)}"
+        items.append((heading, diff_text(parent, child)))
     return Blocks("Kept changes", "Each kept version's unified diff and knob changes against the version it was "
                   "proposed on.", items)

@@ -93,7 +93,7 @@ def bars(trace: Trace, metric: str) -> Figure | None:
     value = {"speedup": lambda t, c: base.speedup(c, t.median(c)) or 0.0,
              "roofline": lambda t, c: 100 * (t.roofline(c) or 0.0)}[metric]
     shown = list(dict.fromkeys((seed, best_id(trace))))
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = plt.subplots(figsize=(4.6, 3.0))
     w = 0.8 / len(shown)
     for i, (vid, color) in enumerate(zip(shown, ("#1f77b4", "#2ca02c"), strict=False)):
         pos = [p + (i - (len(shown) - 1) / 2) * w for p in range(len(ctxs))]

@@ -17,6 +17,8 @@ from .plots import plots
 from .sections import Blocks, Table, failures, per_context, resources, timeline_table
 from .timings import best_id, of_record, session_baseline
 
+SHORT = 32       # characters: a cell this short (a number, an interval) never wraps in HTML
+OPEN_LINES = 30  # a diff shorter than this is shown open in HTML
 MISMATCH = 0.05   # µs: the session's own figures and the trace's agree within rounding
 
 
@@ -93,16 +95,19 @@ def _html_section(sec: Table | Blocks) -> str:
     e = html.escape
     top = f"<h2>{e(sec.title)}</h2><p class=cap>{e(sec.caption)}</p>"
     if isinstance(sec, Blocks):
-        return top + "".join(f"<details><summary>{e(h)}</summary><pre>{e(t)}</pre></details>" for h, t in sec.items)
+        return top + "".join(f"<details{' open' if t.count(chr(10)) < OPEN_LINES else ''}><summary>{e(h)}</summary>"
+                             f"<pre>{e(t)}</pre></details>" for h, t in sec.items)
     head = "".join(f"<th>{e(h)}</th>" for h in sec.head)
-    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in sec.rows)
+    body = "".join("<tr>" + "".join(f"<td{' class=s' if len(c) <= SHORT else ''}>{e(c)}</td>" for c in r) + "</tr>"
+                   for r in sec.rows)
     return top + f"<div class=wide><table><tr>{head}</tr>{body}</table></div>"
 
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1250px}
 table{border-collapse:collapse;font-size:13px}.wide{overflow-x:auto}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}td{overflow-wrap:anywhere}
-.cap{color:#444;font-size:13px;max-width:900px}img{max-width:100%;margin:4px 0;display:block}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
+td{overflow-wrap:break-word}td.s{white-space:nowrap}
+.cap{color:#444;font-size:13px;max-width:900px}img{max-width:100%;margin:4px;vertical-align:top}
 pre{font-size:12px;background:#f6f6f6;padding:6px;overflow-x:auto}summary{cursor:pointer;font-size:13px}"""
 
 
