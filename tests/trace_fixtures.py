@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
 from sandbox.candidate import source_sha256
 from traces.recorder import Recorder
@@ -53,54 +53,39 @@ def phase_timeline(ctx: int, spans: list[float], wait: float = 1.0) -> PhaseTime
 
 def result(us: float | None, failure: Failure | None = None, knobs: dict | None = None,
            base: float = 15000.0) -> EvalResult:
-    """Timed at 2048 (`us`) and 16384 (1.1 `us`) against a baseline of `base` µs; a build failure has no
-    resources."""
+    """Timed at 2048 (`us`) and 16384 (1.1 `us`) by a worker whose baseline took `base` µs; a build failure has
+    no resources and no timing."""
     res = Resources(registers=128, local_bytes=0, static_smem=0, dynamic_smem=57568, max_threads=256, threads=256,
                     blocks_per_sm=2, blocks_fit_per_sm=2, grid=264)
     built = failure is None or failure.cls != FailureClass.build
+    build = (BuildResult(ok=True, key="k", resources=res, spill_bytes=24, seconds=10.0) if built
+             else BuildResult(ok=False, key="k", error=failure.message))
     return EvalResult(
-        task="kimi_linear", size="full", key="k", knobs=knobs or {"A": 1},
-        build=BuildResult(ok=True, key="k", resources=res, spill_bytes=16, seconds=10.0) if built else
-        BuildResult(ok=False, key="k", error=failure.message),
+        task="kimi_linear", size="full", key="k", knobs=knobs or {"A": 1}, build=build,
         check=CheckResult(passed=failure is None, seeds=[0, 5], fresh_seeds=[5]),
         timings=[timing(2048, us, base), timing(16384, us * 1.1, base)] if us else [], failure=failure,
         device=DEVICE,
     )
 
 
-class Step(NamedTuple):
-    """One proposal of a fixture session and what became of it."""
+@dataclass
+class Try:
+    """One proposal of a fixture session and what became of it: timed at `us` (at 2048; 1.1x at 16384) unless it
+    failed with `cls` (`slower` is a correct, timed version the rule did not keep)."""
 
     pid: str
-    knobs: dict
     us: float | None
-    fcls: FailureClass | None = None
+    knobs: dict = field(default_factory=lambda: {"A": 2})
+    cls: FailureClass | None = None
     kept: bool = False
-    base: float = 15000.0          # the baseline this attempt's worker timed
-    message: str = "x"             # its failure's message
-    interval: tuple[float, float, float] | None = None   # the decision's ratio, low and high
-    confirm_us: float | None = None   # a kept one's confirmation re-timing
+    message: str = "x"
+    base: float = 15000.0
+    ratio: tuple[float, float, float] | None = None   # the decision's geomean, lowest and highest bound
+    retimed_us: list[float] = field(default_factory=list)   # interleaved confirmation re-timings (at 2048)
 
 
-STEPS = (Step("p1", {"A": 2}, 180.0, kept=True), Step("p2", {"A": 1}, None, FailureClass.wrong),
-         Step("p3", {"A": 2}, 181.0, FailureClass.slower))
-
-
-def write_session(path: Path, finish: bool = True, phases: bool = False, steps: tuple[Step, ...] = STEPS) -> Path:
-    """A seed and `steps` (by default a kept proposal p1, a wrong one and a slower one); with `phases`, the seed's
-    and p1's results carry phase timelines (the seed's at both contexts, p1's at 16384)."""
-    with Recorder(path) as rec:
-        rec.record(session_start())
-        seed = result(200.0)
-        if phases:
-            seed.phases = [phase_timeline(2048, [40.0, 120.0]), phase_timeline(16384, [50.0, 130.0])]
-        rec.record(Measure(id="seed", source_sha=source_sha256(SEED_SRC), source=SEED_SRC, result=seed))
-        best = "seed"
-        for step in steps:
-            best = _record_step(rec, step, best, phases)
-        if finish:
-            rec.record(SessionEnd(best_id=best, reason="budget", summary={"line": "1 kept"}))
-    return path
+TRIES = (Try("p1", 180.0, kept=True), Try("p2", None, {"A": 1}, FailureClass.wrong),
+         Try("p3", 181.0, cls=FailureClass.slower))
 
 
 def session_start() -> SessionStart:
@@ -109,24 +94,37 @@ def session_start() -> SessionStart:
                         planner="tuner", budget_s=600, environment=env)
 
 
-def _record_step(rec: Recorder, step: Step, best: str, phases: bool) -> str:
-    """Record one step's events; returns the best after it."""
-    pid, fcls = step.pid, step.fcls
-    rec.record(Proposal(id=pid, parent_id=best, planner="tuner", hypothesis=f"try {step.knobs}",
-                        predicted_change="-5%", source_sha=source_sha256(SEED_SRC), source=SEED_SRC,
-                        knobs=step.knobs))
-    failure = Failure(cls=fcls, phase="check", message=step.message) if fcls is not None else None
-    r = result(step.us, failure if fcls != FailureClass.slower else None, step.knobs, step.base)
-    if phases and pid == "p1":
-        r.phases = [phase_timeline(16384, [45.0, 110.0])]
-    rec.record(Build(id=pid, result=r.build))
-    rec.record(Evaluate(id=pid, result=r))
-    if step.confirm_us:
-        rec.record(Evaluate(id=f"{pid}~confirm-candidate-1", result=result(step.confirm_us, knobs=step.knobs)))
-    if failure is not None:
-        rec.record(FailureEvent(id=pid, failure=failure))
-    best = pid if step.kept else best
-    ratio, low, high = step.interval or (None, None, None)
-    rec.record(Decision(id=pid, kept=step.kept, rule="ratio interval > 1.01", reason="r", ratio=ratio, ratio_low=low,
-                        ratio_high=high, best_id=best))
-    return best
+def write_session(path: Path, finish: bool = True, phases: bool = False, tries: tuple[Try, ...] = TRIES) -> Path:
+    """A seed (200 µs at 2048) and `tries` (by default a kept p1, a wrong p2 and a slower p3), each proposed on the
+    best of its time; with `phases`, the seed's and p1's results carry phase timelines (the seed's at both
+    contexts, p1's at 16384)."""
+    with Recorder(path) as rec:
+        rec.record(session_start())
+        seed = result(200.0)
+        if phases:
+            seed.phases = [phase_timeline(2048, [40.0, 120.0]), phase_timeline(16384, [50.0, 130.0])]
+        rec.record(Measure(id="seed", source_sha=source_sha256(SEED_SRC), source=SEED_SRC, result=seed))
+        best, best_us = "seed", 200.0
+        for t in tries:
+            rec.record(Proposal(id=t.pid, parent_id=best, planner="tuner", hypothesis=f"try {t.knobs}",
+                                predicted_change="-5%", source_sha=source_sha256(SEED_SRC), source=SEED_SRC,
+                                knobs=t.knobs))
+            failure = Failure(cls=t.cls, phase="check", message=t.message) if t.cls else None
+            r = result(t.us, None if t.cls == FailureClass.slower else failure, t.knobs, t.base)
+            if phases and t.pid == "p1":
+                r.phases = [phase_timeline(16384, [45.0, 110.0])]
+            rec.record(Build(id=t.pid, result=r.build))
+            rec.record(Evaluate(id=t.pid, result=r))
+            for i, us in enumerate(t.retimed_us, 1):
+                rec.record(Evaluate(id=f"{t.pid}~confirm-best-{i}", result=result(best_us, knobs={})))
+                rec.record(Evaluate(id=f"{t.pid}~confirm-candidate-{i}", result=result(us, knobs=t.knobs)))
+            if failure is not None:
+                rec.record(FailureEvent(id=t.pid, failure=failure))
+            if t.kept:
+                best, best_us = t.pid, t.us
+            ratio, low, high = t.ratio or (None, None, None)
+            rec.record(Decision(id=t.pid, kept=t.kept, rule="ratio interval > 1.01", reason="r", ratio=ratio,
+                                ratio_low=low, ratio_high=high, best_id=best))
+        if finish:
+            rec.record(SessionEnd(best_id=best, reason="budget", summary={"line": "1 kept"}))
+    return path
