@@ -163,3 +163,11 @@ def test_where_the_trace_holds_every_sample_the_report_reproduces_the_sessions_o
         j = judged[d.id]
         assert (j.geomean, min(lo for _, lo, _ in j.ratios.values()), max(hi for *_, hi in j.ratios.values())) == (
             pytest.approx(d.ratio), pytest.approx(d.ratio_low), pytest.approx(d.ratio_high))
+
+
+def test_a_lone_measure_gets_whole_attempt_ticks_and_a_readable_span(tmp_path):
+    fig = progress(session(tmp_path))
+    ax = fig.axes[0]
+    ticks, (low, high) = [t for t in ax.get_xticks() if -0.5 <= t <= 0.5], ax.get_ylim()
+    plt.close(fig)
+    assert list(ticks) == [0] and high - low >= 0.04 * 220

@@ -29,6 +29,7 @@ COLORS = {"measured": "#1f77b4", "kept": "#2ca02c", NOT_FASTER: "#bcbd22", "slow
           "infra": "#7f7f7f", "duplicate": "#17becf", "unfinished": "#7f7f7f"}
 OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": 7, "frameon": False}
 HEADROOM = 1.10   # the progress plot shows timings up to this much above the starting kernel's
+MIN_SPAN = 0.04   # its y axis spans at least this fraction of its top
 
 
 def png(fig: Figure) -> bytes:
@@ -39,11 +40,12 @@ def png(fig: Figure) -> bytes:
 
 
 def y_range(us: list[float], start: float | None) -> tuple[float, float]:
-    """From the lowest timing to HEADROOM above the starting figure (or the highest timing if lower), padded:
-    one slow outlier must not flatten the best line."""
+    """From the lowest timing to HEADROOM above the starting figure (or the highest timing if lower), padded
+    and at least MIN_SPAN of the top high: one slow outlier must not flatten the best line, and a single
+    timing must not get an axis of hundredths."""
     lo, hi = min(us), min(max(us), HEADROOM * (start or max(us)))
-    pad = 0.08 * max(hi - lo, 0.02 * hi)
-    return lo - pad, hi + pad
+    half, mid = max(hi - lo, MIN_SPAN * hi) / 2, (hi + lo) / 2
+    return mid - 1.16 * half, mid + 1.16 * half
 
 
 def progress(trace: Trace) -> Figure | None:
@@ -75,7 +77,7 @@ def progress(trace: Trace) -> Figure | None:
     ax.legend(handles=handles, **OUTSIDE)
     ax.set_ylim(low, top)
     ax.set_xlim(-0.5, rows[-1]["step"] + 0.5)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set_xlabel("attempt")
     ax.set_ylabel(f"µs/token at ctx {primary_ctx(trace)}")
     ax.set_title("best so far and every attempt")
