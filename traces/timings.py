@@ -10,7 +10,6 @@ each version by its own worker's would mix the baseline's drift into the kernel'
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -25,9 +24,9 @@ CONFIRM = re.compile(r"(?P<vid>[^~]+)~confirm-(?P<side>best|candidate)-\d+")
 
 @dataclass
 class Timing:
-    """A version's samples per context, its first timing's roofline fraction, and how many re-timings it pools."""
+    """A version's pooled samples per context, its first evaluation (whose roofline fraction scales to the pooled
+    median), and how many re-timings it pools."""
 
-    vid: str
     samples: dict[int, list[float]]
     first: EvalResult
     retimings: int = 0
@@ -69,10 +68,6 @@ class Judgement:
     against: str
     ratios: dict[int, tuple[float, float, float]]
 
-    @property
-    def geomean(self) -> float:
-        return math.exp(sum(math.log(r) for r, _, _ in self.ratios.values()) / len(self.ratios))
-
 
 def _samples(result: EvalResult) -> dict[int, list[float]]:
     return {t.ctx: list(t.samples_us) for t in result.timings}
@@ -97,13 +92,12 @@ def of_record(trace: Trace) -> dict[str, Timing]:
     """The starting kernel's and every timed attempt's timing of record, by id."""
     out = {}
     if trace.measure and trace.measure.result.timings:
-        out[trace.measure.id] = Timing(trace.measure.id, _samples(trace.measure.result), trace.measure.result)
+        out[trace.measure.id] = Timing(_samples(trace.measure.result), trace.measure.result)
     retimed = _retimings(trace)
     for a in trace.attempts():
         if a.evaluate and a.evaluate.result.timings:
             extra = retimed.get((a.proposal.id, "candidate"), [])
-            out[a.proposal.id] = Timing(a.proposal.id, _pooled(_samples(a.evaluate.result), extra),
-                                        a.evaluate.result, len(extra))
+            out[a.proposal.id] = Timing(_pooled(_samples(a.evaluate.result), extra), a.evaluate.result, len(extra))
     return out
 
 
