@@ -8,7 +8,8 @@ from agent.reexecute import print_reexecute, reexecute
 from sandbox.candidate import Candidate
 from traces.loader import load
 from traces.phases import timelines_of
-from traces.report import _draw_waterfall, write_report
+from traces.plots import draw_waterfall
+from traces.report import write_report
 from traces.results import EvalResult, FailureClass
 from traces.schema import Evaluate
 
@@ -53,7 +54,7 @@ def test_a_later_profile_of_a_version_replaces_its_timeline_at_that_context(tmp_
 
 def test_the_waterfall_stacks_each_span_and_wait_after_the_phases_before_it():
     fig, ax = plt.subplots()
-    _draw_waterfall(ax, phase_timeline(16384, [50.0, 130.0, 20.0], wait=2.0), "seed")
+    draw_waterfall(ax, phase_timeline(16384, [50.0, 130.0, 20.0], wait=2.0), "seed")
     bars = [(p.get_x(), p.get_width()) for p in ax.patches]
     plt.close(fig)
     spans, waits = bars[:3], bars[3:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.candidate import source_sha256
@@ -50,46 +51,80 @@ def phase_timeline(ctx: int, spans: list[float], wait: float = 1.0) -> PhaseTime
     return PhaseTimeline(ctx=ctx, steps=7, blocks=264, rows=rows, kernel_us=sum(r.span_us + r.wait_us for r in rows))
 
 
-def result(us: float | None, failure: Failure | None = None, knobs: dict | None = None) -> EvalResult:
+def result(us: float | None, failure: Failure | None = None, knobs: dict | None = None,
+           base: float = 15000.0) -> EvalResult:
+    """Timed at 2048 (`us`) and 16384 (1.1 `us`) by a worker whose baseline took `base` µs; a build failure has
+    no resources and no timing."""
     res = Resources(registers=128, local_bytes=0, static_smem=0, dynamic_smem=57568, max_threads=256, threads=256,
                     blocks_per_sm=2, blocks_fit_per_sm=2, grid=264)
+    built = failure is None or failure.cls != FailureClass.build
+    build = (BuildResult(ok=True, key="k", resources=res, spill_bytes=24, seconds=10.0) if built
+             else BuildResult(ok=False, key="k", error=failure.message))
     return EvalResult(
-        task="kimi_linear", size="full", key="k", knobs=knobs or {"A": 1},
-        build=BuildResult(ok=True, key="k", resources=res, seconds=10.0),
+        task="kimi_linear", size="full", key="k", knobs=knobs or {"A": 1}, build=build,
         check=CheckResult(passed=failure is None, seeds=[0, 5], fresh_seeds=[5]),
-        timings=[timing(2048, us), timing(16384, us * 1.1)] if us else [], failure=failure, device=DEVICE,
+        timings=[timing(2048, us, base), timing(16384, us * 1.1, base)] if us else [], failure=failure,
+        device=DEVICE,
     )
 
 
-def write_session(path: Path, finish: bool = True, phases: bool = False) -> Path:
-    """A seed, a kept proposal (p1), a wrong one and a slower one; with `phases`, the seed's and p1's results carry
-    phase timelines (the seed's at both contexts, p1's at 16384)."""
+@dataclass
+class Try:
+    """One proposal of a fixture session and what became of it: timed at `us` (at 2048; 1.1x at 16384) unless it
+    failed with `cls` (`slower` is a correct, timed version the rule did not keep)."""
+
+    pid: str
+    us: float | None
+    knobs: dict = field(default_factory=lambda: {"A": 2})
+    cls: FailureClass | None = None
+    kept: bool = False
+    message: str = "x"
+    base: float = 15000.0
+    ratio: tuple[float, float, float] | None = None   # the decision's geomean, lowest and highest bound
+    retimed_us: list[float] = field(default_factory=list)   # interleaved confirmation re-timings (at 2048)
+
+
+TRIES = (Try("p1", 180.0, kept=True), Try("p2", None, {"A": 1}, FailureClass.wrong),
+         Try("p3", 181.0, cls=FailureClass.slower))
+
+
+def session_start() -> SessionStart:
     env = Environment(device=DEVICE, python="3.12", platform="linux", project_commit="abc123")
+    return SessionStart(session_id="s1", task="kimi_linear", size="full", task_spec={"context_lengths": [2048, 16384]},
+                        planner="tuner", budget_s=600, environment=env)
+
+
+def write_session(path: Path, finish: bool = True, phases: bool = False, tries: tuple[Try, ...] = TRIES) -> Path:
+    """A seed (200 µs at 2048) and `tries` (by default a kept p1, a wrong p2 and a slower p3), each proposed on the
+    best of its time; with `phases`, the seed's and p1's results carry phase timelines (the seed's at both
+    contexts, p1's at 16384)."""
     with Recorder(path) as rec:
-        rec.record(SessionStart(session_id="s1", task="kimi_linear", size="full",
-                                task_spec={"context_lengths": [2048, 16384]}, planner="tuner", budget_s=600,
-                                environment=env))
+        rec.record(session_start())
         seed = result(200.0)
         if phases:
             seed.phases = [phase_timeline(2048, [40.0, 120.0]), phase_timeline(16384, [50.0, 130.0])]
         rec.record(Measure(id="seed", source_sha=source_sha256(SEED_SRC), source=SEED_SRC, result=seed))
-        steps = [("p1", {"A": 2}, 180.0, None, True), ("p2", {"A": 1}, None, FailureClass.wrong, False),
-                 ("p3", {"A": 2}, 181.0, FailureClass.slower, False)]
-        best = "seed"
-        for pid, knobs, us, fcls, kept in steps:
-            rec.record(Proposal(id=pid, parent_id=best, planner="tuner", hypothesis=f"try {knobs}",
+        best, best_us = "seed", 200.0
+        for t in tries:
+            rec.record(Proposal(id=t.pid, parent_id=best, planner="tuner", hypothesis=f"try {t.knobs}",
                                 predicted_change="-5%", source_sha=source_sha256(SEED_SRC), source=SEED_SRC,
-                                knobs=knobs))
-            r = result(us, Failure(cls=fcls, phase="check", message="x") if fcls == FailureClass.wrong else None,
-                       knobs)
-            if phases and pid == "p1":
+                                knobs=t.knobs))
+            failure = Failure(cls=t.cls, phase="check", message=t.message) if t.cls else None
+            r = result(t.us, None if t.cls == FailureClass.slower else failure, t.knobs, t.base)
+            if phases and t.pid == "p1":
                 r.phases = [phase_timeline(16384, [45.0, 110.0])]
-            rec.record(Build(id=pid, result=r.build))
-            rec.record(Evaluate(id=pid, result=r))
-            if fcls is not None:
-                rec.record(FailureEvent(id=pid, failure=Failure(cls=fcls, phase="check", message="x")))
-            best = pid if kept else best
-            rec.record(Decision(id=pid, kept=kept, rule="ratio interval > 1.01", reason="r", best_id=best))
+            rec.record(Build(id=t.pid, result=r.build))
+            rec.record(Evaluate(id=t.pid, result=r))
+            for i, us in enumerate(t.retimed_us, 1):
+                rec.record(Evaluate(id=f"{t.pid}~confirm-best-{i}", result=result(best_us, knobs={})))
+                rec.record(Evaluate(id=f"{t.pid}~confirm-candidate-{i}", result=result(us, knobs=t.knobs)))
+            if failure is not None:
+                rec.record(FailureEvent(id=t.pid, failure=failure))
+            if t.kept:
+                best, best_us = t.pid, t.us
+            ratio, low, high = t.ratio or (None, None, None)
+            rec.record(Decision(id=t.pid, kept=t.kept, rule="ratio interval > 1.01", reason="r", ratio=ratio,
+                                ratio_low=low, ratio_high=high, best_id=best))
         if finish:
             rec.record(SessionEnd(best_id=best, reason="budget", summary={"line": "1 kept"}))
     return path

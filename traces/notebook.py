@@ -6,34 +6,43 @@ from __future__ import annotations
 import json
 
 from .loader import Trace
+from .render import shown_outcome
+from .sections import Table
+from .timings import of_record
 
 
 def _us(values: dict[int, float]) -> str:
     return " / ".join(f"{u:.1f}" for _, u in sorted(values.items())) or "-"
 
 
-def predictions(trace: Trace) -> list[list[str]]:
-    """id, name, parent, hypothesis, predicted µs, measured µs (per context), outcome: for each proposal that
-    made a prediction."""
-    rows = []
+def predictions(trace: Trace) -> Table:
+    """id, name, parent, hypothesis, predicted µs, measured µs (per context, the timing of record), outcome: for
+    each proposal that made a prediction."""
+    records, rows = of_record(trace), []
     for a in trace.attempts():
         p = a.proposal
         if not p.predicted_us and not p.predicted_phases:
             continue
-        measured = a.evaluate.result.median_by_ctx() if a.evaluate else {}
+        t = records.get(p.id)
+        measured = {c: t.median(c) for c in t.samples} if t else {}
         phases = ", ".join(f"{k} {v:.1f}" for k, v in p.predicted_phases.items())
         rows.append([p.id, p.name, p.parent_id, p.hypothesis[:160], _us(p.predicted_us) + (f" ({phases})" if phases
-                     else ""), _us(measured), a.outcome])
-    return rows
+                     else ""), _us(measured), shown_outcome(a)])
+    return Table("Predictions against outcomes", "The planner's predicted µs/token per context against each "
+                 "version's timing of record.", ["id", "name", "parent", "hypothesis", "predicted µs", "measured µs",
+                                                  "outcome"], rows)
 
 
-def notes(trace: Trace) -> list[list[str]]:
-    return [[e.at[11:19], e.kind, e.text, ", ".join(e.refs)] for e in trace.events if e.type == "note"]
+def notes(trace: Trace) -> Table:
+    return Table("Notebook", "The planner's notes.", ["at", "kind", "note", "about"],
+                 [[e.at[11:19], e.kind, e.text, ", ".join(e.refs)] for e in trace.events if e.type == "note"])
 
 
-def tool_calls(trace: Trace) -> list[list[str]]:
-    return [[e.id, e.tool, json.dumps(e.input)[:120], e.summary[:200], f"{e.device_s:.1f}", "ok" if e.ok else "failed"]
+def tool_calls(trace: Trace) -> Table:
+    rows = [[e.id, e.tool, json.dumps(e.input)[:120], e.summary[:200], f"{e.device_s:.1f}", "ok" if e.ok else "failed"]
             for e in trace.events if e.type == "tool_call"]
+    return Table("Tool calls", "What the planner asked for, what came back and the GPU seconds it held.",
+                 ["id", "tool", "input", "result", "GPU s", ""], rows)
 
 
 def llm_line(trace: Trace) -> str:
@@ -47,9 +56,4 @@ def llm_line(trace: Trace) -> str:
             f"{s['cache_read_tokens']:,}, cache write {s['cache_write_tokens']:,}; ${s['cost_usd']:.2f}")
 
 
-SECTIONS = (
-    ("Predictions against outcomes", ["id", "name", "parent", "hypothesis", "predicted µs", "measured µs", "outcome"],
-     predictions),
-    ("Notebook", ["at", "kind", "note", "about"], notes),
-    ("Tool calls", ["id", "tool", "input", "result", "GPU s", ""], tool_calls),
-)
+SECTIONS = (predictions, notes, tool_calls)

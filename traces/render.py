@@ -1,12 +1,18 @@
-"""The timeline of a trace as a table: step, hypothesis, outcome, µs/token, speedup, kept, best so far."""
+"""The timeline of a trace as a table: step, hypothesis, outcome, µs/token, speedup, best so far.
+
+Every figure is a version's timing of record and every speedup divides the session's one baseline
+(traces/timings.py), so the console, the report and the session's closing line show the same numbers.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from .loader import Trace
-from .results import EvalResult
+from .loader import Attempt, Trace
+from .timings import of_record, session_baseline
+
+NOT_FASTER = "not faster beyond noise"
 
 
 def primary_ctx(trace: Trace) -> int:
@@ -16,30 +22,35 @@ def primary_ctx(trace: Trace) -> int:
     return max(trace.start.task_spec.get("context_lengths", [0]))
 
 
-def _us(res: EvalResult | None, ctx: int) -> float | None:
-    return res.median_us(ctx) if res else None
+def shown_outcome(a: Attempt) -> str:
+    """The outcome as a reader should take it: a correct version the rule did not keep is "slower" only when
+    its ratio interval lies below 1 at every context, else it is not faster beyond noise (the recorded class
+    is "slower" either way)."""
+    if a.outcome != "slower":
+        return a.outcome
+    d = a.decision
+    return "slower" if d is not None and d.ratio_high is not None and d.ratio_high < 1.0 else NOT_FASTER
 
 
 def timeline(trace: Trace) -> list[dict]:
-    """One row per attempt (plus the starting measure), with the running best."""
-    ctx = primary_ctx(trace)
-    rows = []
+    """One row per attempt (after the starting measure as step 0): its µs/token at the primary context, its
+    speedup over the session's baseline, and the best so far; `outcome` is the recorded class, `shown` the
+    reader's (shown_outcome)."""
+    ctx, records, base = primary_ctx(trace), of_record(trace), session_baseline(trace)
     m = trace.measure
-    base_us = None
-    best_us = None
-    if m:
-        t = next((t for t in m.result.timings if t.ctx == ctx), None)
-        base_us = t.baseline_median_us if t else None
-        best_us = _us(m.result, ctx)
-        rows.append({"step": 0, "id": m.id, "hypothesis": "starting kernel", "outcome": "measured",
-                     "us": best_us, "speedup": base_us / best_us if base_us and best_us else None, "best_us": best_us})
+    best_us = records[m.id].median(ctx) if m and m.id in records else None
+
+    def row(step: int, vid: str, hypothesis: str, outcome: str, shown: str, best: float | None) -> dict:
+        us = records[vid].median(ctx) if vid in records else None
+        return {"step": step, "id": vid, "hypothesis": hypothesis, "outcome": outcome, "shown": shown, "us": us,
+                "speedup": base.speedup(ctx, us) if base else None, "best_us": best}
+
+    rows = [row(0, m.id, "starting kernel", "measured", "measured", best_us)] if m else []
     for i, a in enumerate(trace.attempts(), 1):
-        us = _us(a.evaluate.result if a.evaluate else None, ctx)
-        if a.outcome == "kept" and us is not None:
-            best_us = us
-        rows.append({"step": i, "id": a.proposal.id, "hypothesis": a.proposal.hypothesis, "outcome": a.outcome,
-                     "us": us, "speedup": base_us / us if base_us and us else None, "best_us": best_us,
-                     "at": a.proposal.at})
+        if a.outcome == "kept" and a.proposal.id in records:
+            best_us = records[a.proposal.id].median(ctx)
+        rows.append(row(i, a.proposal.id, a.proposal.hypothesis, a.outcome, shown_outcome(a), best_us)
+                    | {"at": a.proposal.at})
     return rows
 
 
@@ -62,10 +73,10 @@ def render(trace: Trace, console: Console | None = None, this_gpu: str | None = 
             t.add_column(col, justify=just, overflow="ellipsis", no_wrap=True, max_width=28)
         else:
             t.add_column(col, justify=just, no_wrap=True, min_width={"id": 4, "outcome": 8}.get(col, len(col)))
-    colors = {"kept": "green", "measured": "cyan", "reverted": "yellow", "slower": "yellow"}
+    colors = {"kept": "green", "measured": "cyan", NOT_FASTER: "yellow", "slower": "yellow"}
     for r in timeline(trace):
-        color = colors.get(r["outcome"], "red")
-        t.add_row(str(r["step"]), r["id"], r["hypothesis"][:90], f"[{color}]{r['outcome']}[/]",
+        color = colors.get(r["shown"], "red")
+        t.add_row(str(r["step"]), r["id"], r["hypothesis"][:90], f"[{color}]{r['shown']}[/]",
                   f"{r['us']:.1f}" if r["us"] else "-", f"{r['speedup']:.1f}x" if r["speedup"] else "-",
                   f"{r['best_us']:.1f}" if r["best_us"] else "-")
     console.print(t)

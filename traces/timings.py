@@ -1,0 +1,135 @@
+"""Each version's timing of record, the session's one baseline, and each verdict's per-context ratios, from a
+trace alone.
+
+A version's figure pools its first timing with its interleaved confirmation re-timings
+(`<id>~confirm-candidate-<n>`): the samples the session decided on, and for a kept version the samples it
+judged later candidates against and put in its closing line. Speedups divide one baseline, the one timed
+with the starting kernel: every worker times the PyTorch baseline again and those timings drift, so dividing
+each version by its own worker's would mix the baseline's drift into the kernel's progress.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+
+from sandbox.stats import ratio_interval
+
+from .loader import Trace
+from .results import EvalResult
+
+CONFIRM = re.compile(r"(?P<vid>[^~]+)~confirm-(?P<side>best|candidate)-\d+")
+
+
+@dataclass
+class Timing:
+    """A version's pooled samples per context, its first evaluation (whose roofline fraction scales to the pooled
+    median), and how many re-timings it pools."""
+
+    samples: dict[int, list[float]]
+    first: EvalResult
+    retimings: int = 0
+
+    def median(self, ctx: int) -> float | None:
+        return statistics.median(self.samples[ctx]) if self.samples.get(ctx) else None
+
+    def roofline(self, ctx: int) -> float | None:
+        """Fraction of the memory roofline at the pooled median (the first timing's, scaled by time)."""
+        t = next((t for t in self.first.timings if t.ctx == ctx), None)
+        return t.roofline * t.median_us / self.median(ctx) if t else None
+
+    @property
+    def source(self) -> str:
+        n = len(next(iter(self.samples.values()), []))
+        if not self.retimings:
+            return f"median of {n} samples, one timing"
+        return f"median of {n} samples: first timing + {self.retimings} interleaved confirmation re-timings"
+
+
+@dataclass
+class Baseline:
+    """The PyTorch baseline every speedup divides: timed by the worker of `timed_with`; `drift` is the range of
+    every worker's own timing per context (shown, never divided by)."""
+
+    us: dict[int, float]
+    timed_with: str
+    drift: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    def speedup(self, ctx: int, us: float | None) -> float | None:
+        return self.us[ctx] / us if us and ctx in self.us else None
+
+
+@dataclass
+class Judgement:
+    """A decision's comparison recomputed per context: the best then (`against`) / this version, with a 95%
+    bootstrap interval, on the samples the decision used (sandbox.stats.ratio_interval, as the rule does)."""
+
+    against: str
+    ratios: dict[int, tuple[float, float, float]]
+
+
+def _samples(result: EvalResult) -> dict[int, list[float]]:
+    return {t.ctx: list(t.samples_us) for t in result.timings}
+
+
+def _retimings(trace: Trace) -> dict[tuple[str, str], list[EvalResult]]:
+    """Confirmation re-timings by (candidate id, side); a failed one never reached the decision."""
+    out: dict[tuple[str, str], list[EvalResult]] = {}
+    for e in trace.events:
+        m = CONFIRM.fullmatch(e.id) if e.type == "evaluate" else None
+        if m and e.result.ok:
+            out.setdefault((m["vid"], m["side"]), []).append(e.result)
+    return out
+
+
+def _pooled(first: dict[int, list[float]], extra: list[EvalResult]) -> dict[int, list[float]]:
+    return {ctx: s + [x for r in extra for t in r.timings if t.ctx == ctx for x in t.samples_us]
+            for ctx, s in first.items()}
+
+
+def of_record(trace: Trace) -> dict[str, Timing]:
+    """The starting kernel's and every timed attempt's timing of record, by id."""
+    out = {}
+    if trace.measure and trace.measure.result.timings:
+        out[trace.measure.id] = Timing(_samples(trace.measure.result), trace.measure.result)
+    retimed = _retimings(trace)
+    for a in trace.attempts():
+        if a.evaluate and a.evaluate.result.timings:
+            extra = retimed.get((a.proposal.id, "candidate"), [])
+            out[a.proposal.id] = Timing(_pooled(_samples(a.evaluate.result), extra), a.evaluate.result, len(extra))
+    return out
+
+
+def judgements(trace: Trace) -> dict[str, Judgement]:
+    """For each attempt the rule compared (its decision has a ratio): the comparison per context."""
+    records, retimed = of_record(trace), _retimings(trace)
+    best = trace.measure.id if trace.measure else ""
+    out = {}
+    for a in trace.attempts():
+        pid, d = a.proposal.id, a.decision
+        if d is not None and d.ratio is not None and best in records and pid in records:
+            ref = _pooled(records[best].samples, retimed.get((pid, "best"), []))
+            out[pid] = Judgement(best, {ctx: ratio_interval(ref[ctx], s) for ctx, s in records[pid].samples.items()
+                                        if ref.get(ctx)})
+        if d is not None and d.kept:
+            best = pid
+    return out
+
+
+def session_baseline(trace: Trace) -> Baseline | None:
+    """The baseline timed with the starting kernel (else the first evaluation that timed one), and the drift."""
+    results = [(e.id, e.result) for e in trace.events if e.type in ("measure", "evaluate")]
+    timed = [(vid, {t.ctx: t.baseline_median_us for t in r.timings if t.baseline_median_us}) for vid, r in results]
+    timed = [(vid, us) for vid, us in timed if us]
+    if not timed:
+        return None
+    vid, us = timed[0]
+    drift = {ctx: (min(u[ctx] for _, u in timed if ctx in u), max(u[ctx] for _, u in timed if ctx in u)) for ctx in us}
+    return Baseline(us, vid, drift)
+
+
+def best_id(trace: Trace) -> str:
+    """The last kept attempt, else the starting kernel ("" before it was measured)."""
+    kept = [a.proposal.id for a in trace.attempts() if a.outcome == "kept"]
+    return kept[-1] if kept else trace.measure.id if trace.measure else ""
