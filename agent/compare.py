@@ -3,7 +3,6 @@ so that drift cancels, and each version's speedup over the first with a bootstra
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from sandbox.pool import Evaluator
 from sandbox.report import check_summary
 from sandbox.stats import verdict
 from tasks.base import Task
+from traces.diffs import diff_text
 
 from .errors import BadInput
 from .preflight import check_kernel, load_trace, parse_knob, read_kernel
@@ -45,16 +45,6 @@ def parse_version(spec: str, task: Task) -> Version:
     cand = Candidate(source=read_kernel(Path(path)), knobs=knobs)
     check_kernel(task, cand, spec, compile=True)
     return Version(spec, cand)
-
-
-def diff_text(a: Version, b: Version) -> str:
-    lines = list(difflib.unified_diff(a.candidate.source.splitlines(), b.candidate.source.splitlines(),
-                                      a.label, b.label, lineterm=""))
-    ka, kb = a.candidate.resolved_knobs(), b.candidate.resolved_knobs()
-    changed = {k: (ka.get(k), kb.get(k)) for k in sorted(set(ka) | set(kb)) if ka.get(k) != kb.get(k)}
-    if changed:
-        lines.append("knobs: " + ", ".join(f"{k} {x}->{y}" for k, (x, y) in changed.items()))
-    return "\n".join(lines) or "(identical source and knobs)"
 
 
 def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts: list[int] | None = None,
@@ -116,4 +106,5 @@ def print_compare(versions: list[Version], rows: list[dict], console: Console, s
     if show_diff:
         for v in versions[1:]:
             console.print(f"[bold]diff {versions[0].label} -> {v.label}[/]")
-            console.print(diff_text(versions[0], v), markup=False, highlight=False)
+            console.print(diff_text(versions[0].label, versions[0].candidate, v.label, v.candidate), markup=False,
+                          highlight=False)

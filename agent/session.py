@@ -30,6 +30,8 @@ from traces.loader import Trace
 from traces.recorder import Recorder, TraceInUse, TraceWriteError
 from traces.results import EvalResult, Failure, FailureClass
 from traces.schema import (
+    LLM_EVENTS,
+    NUMBERED_EVENTS,
     Build,
     Decision,
     Environment,
@@ -38,6 +40,7 @@ from traces.schema import (
     LlmUsage,
     Measure,
     PlannerError,
+    PlannerFinished,
     Proposal,
     SessionEnd,
     SessionStart,
@@ -209,9 +212,9 @@ class Session:
         for a in tr.attempts():
             if a.decision and a.decision.kept:
                 best_id = a.proposal.id
-        self.counter = sum(1 for e in tr.events if e.type in ("proposal", "planner_error"))
+        self.counter = sum(1 for e in tr.events if e.type in NUMBERED_EVENTS)
         self.retries = retries(tr)
-        spent = sum(e.llm.cost_usd for e in tr.events if e.type in ("proposal", "planner_error") and e.llm)
+        spent = sum(e.llm.cost_usd for e in tr.events if e.type in LLM_EVENTS and e.llm)
         self.llm_total.cost_usd = spent
         self.planner.restore(spent)
         if best_id is None:
@@ -307,18 +310,15 @@ class Session:
                 self._attempt(self._next_id(), retry.planned, retry.parent_id, retry.retry_of)
                 continue
             self.on_progress(step="planning", best=self.best, budget=self.budget)
-            pid = self._next_id()
             try:
                 planned = self.planner.propose(self._view())
             except PlannerExhausted as e:
-                if e.usage is not None:   # the turn that decided to stop cost tokens too
-                    self.record(PlannerError(id=pid, planner=self.planner.name, message=f"finished: {e}", llm=e.usage,
-                                             retryable=False))
-                    self._add_usage(e.usage)
+                self.record(PlannerFinished(planner=self.planner.name, message=str(e), llm=e.usage))
+                self._add_usage(e.usage)
                 return f"planner finished: {e}"
             except PlannerFailure as e:
                 planner_failures += 1
-                self.record(PlannerError(id=pid, planner=self.planner.name, message=str(e), llm=e.usage,
+                self.record(PlannerError(id=self._next_id(), planner=self.planner.name, message=str(e), llm=e.usage,
                                           retryable=e.retryable))
                 self._add_usage(e.usage)
                 if not e.retryable or planner_failures >= MAX_PLANNER_FAILURES:
@@ -326,7 +326,7 @@ class Session:
                 continue
             planner_failures = 0
             self._add_usage(planned.llm)
-            self._attempt(pid, planned, planned.parent_id or self.best.id)
+            self._attempt(self._next_id(), planned, planned.parent_id or self.best.id)
         return "budget"
 
     def _add_usage(self, usage: LlmUsage | None) -> None:

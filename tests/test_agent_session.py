@@ -62,7 +62,8 @@ def test_tuner_finds_the_optimum_of_a_synthetic_objective_without_repeats(tmp_pa
     assert summary.reason.startswith("planner finished") and summary.kept >= 3
     assert (tmp_path / "best.cu").read_text().startswith("// @knob A 4 ")
     trace = load(tmp_path / "trace.jsonl")
-    assert trace.events[-1].type == "session_end"
+    assert [e.type for e in trace.events[-2:]] == ["planner_finished", "session_end"]
+    assert trace.events[-2].message in summary.reason and trace.events[-2].llm is None
 
 
 def test_tuner_tries_two_knobs_at_once_when_no_single_move_helps(tmp_path):

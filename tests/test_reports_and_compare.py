@@ -3,9 +3,10 @@
 import matplotlib.pyplot as plt
 from rich.console import Console
 
-from agent.compare import Version, diff_text, print_compare, run_compare
+from agent.compare import Version, print_compare, run_compare
 from agent.reexecute import print_reexecute, reexecute
 from sandbox.candidate import Candidate
+from traces.diffs import diff_text
 from traces.loader import load
 from traces.phases import timelines_of
 from traces.plots import draw_waterfall
@@ -92,7 +93,8 @@ def test_compare_interleaves_and_judges(tmp_path):
     print_compare(versions, rows, console, show_diff=True)
     out = console.export_text()
     assert "knobs: A 1->2" in out and "faster" in out
-    assert diff_text(versions[0], versions[3]) == "(identical source and knobs)"
+    a, b = versions[0], versions[3]
+    assert diff_text(a.label, a.candidate, b.label, b.candidate) == "(identical source and knobs)"
 
 
 def test_reexecute_says_why_a_recorded_version_now_fails(tmp_path):

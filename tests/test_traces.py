@@ -151,3 +151,14 @@ def test_compare_statistics_on_synthetic_samples():
     r, lo, hi = ratio_interval(a, faster)
     assert lo < r < hi and lo > 1.05
     assert json.dumps(ratio_interval(a, a, seed=3)) == json.dumps(ratio_interval(a, a, seed=3))  # deterministic
+
+
+def test_a_stop_recorded_as_a_planner_error_by_older_writers_reads_as_planner_finished(tmp_path):
+    path = write_session(tmp_path / "t.jsonl")
+    old = {"schema_version": 1, "at": "2026-12-04T16:39:47.868+00:00", "type": "planner_error", "id": "p9",
+           "planner": "anthropic", "message": "finished: the model finished: done", "retryable": False}
+    end = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(end[:-1]) + json.dumps(old).encode() + b"\n" + end[-1])
+    stop = load(path).events[-2]
+    assert stop.type == "planner_finished" and stop.message == "the model finished: done"
+    assert not [e for e in load(path).events if e.type == "planner_error"]

@@ -105,6 +105,16 @@ def _event(path: Path, n: int, line: bytes):
     if isinstance(raw, dict) and raw.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
         raise TraceError(f"{path}:{n}: schema_version {raw['schema_version']} is newer than this reader")
     try:
-        return EVENT.validate_python(raw)
+        return EVENT.validate_python(_upgraded(raw))
     except ValidationError as e:
         raise TraceError(f"{path}:{n}: corrupt event: {e}") from e
+
+
+def _upgraded(raw):
+    """Traces written before planner_finished existed recorded a planner's stop as a planner_error whose
+    message starts 'finished: '; read it as the stop it was."""
+    if (isinstance(raw, dict) and raw.get("type") == "planner_error" and raw.get("retryable") is False
+            and str(raw.get("message", "")).startswith("finished: ")):
+        kept = {k: v for k, v in raw.items() if k not in ("id", "retryable", "type", "message")}
+        return {**kept, "type": "planner_finished", "message": raw["message"].removeprefix("finished: ")}
+    return raw

@@ -7,6 +7,7 @@ import json
 
 from .loader import Trace
 from .render import shown_outcome
+from .schema import LLM_EVENTS
 from .sections import Table
 from .timings import of_record
 
@@ -47,7 +48,8 @@ def tool_calls(trace: Trace) -> Table:
 
 def llm_line(trace: Trace) -> str:
     """Calls, tokens (cache reads and writes apart) and cost of every LLM call the trace records."""
-    usages = [e.llm for e in trace.events if e.type in ("proposal", "planner_error") and e.llm is not None]
+    usages = [e.llm for e in trace.events
+              if e.type in LLM_EVENTS and e.llm is not None]
     if not usages:
         return ""
     s = {k: sum(getattr(u, k) for u in usages) for k in ("calls", "input_tokens", "output_tokens",

@@ -133,6 +133,16 @@ class PlannerError(_Event):
     llm: LlmUsage | None = None
 
 
+class PlannerFinished(_Event):
+    """The planner chose to stop (its search is done, the model called finish, the cost cap); the LLM usage
+    of the turn that decided it."""
+
+    type: Literal["planner_finished"] = "planner_finished"
+    planner: str
+    message: str
+    llm: LlmUsage | None = None
+
+
 class ToolCall(_Event):
     """A planner's tool call (outline, read, profile, diagnose, compare, note) and what it cost."""
 
@@ -166,9 +176,13 @@ class SessionEnd(_Event):
     summary: dict = {}
 
 
+LLM_EVENTS = ("proposal", "planner_error", "planner_finished")   # event types that carry a planner's usage
+NUMBERED_EVENTS = ("proposal", "planner_error")   # event types that take a proposal id (p1, p2, ...)
+
+
 Event = Annotated[
-    SessionStart | Measure | Proposal | Build | Evaluate | Decision | FailureEvent | PlannerError | ToolCall | Note
-    | SessionEnd,
+    SessionStart | Measure | Proposal | Build | Evaluate | Decision | FailureEvent | PlannerError | PlannerFinished
+    | ToolCall | Note | SessionEnd,
     Field(discriminator="type"),
 ]
 EVENT = TypeAdapter(Event)

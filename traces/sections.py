@@ -11,8 +11,6 @@ from .render import NOT_FASTER, primary_ctx, shown_outcome, timeline
 from .results import BuildResult
 from .timings import judgements, of_record, session_baseline
 
-FINISHED = "finished: "   # a planner_error recorded only to keep the cost of the planner's closing turn
-
 
 @dataclass
 class Table:
@@ -79,8 +77,7 @@ def failures(trace: Trace) -> Table:
     and the planner's own errors; a correct version not kept is in the per-context table instead."""
     rows = [[a.proposal.id, a.outcome, a.failure.failure.phase, a.failure.failure.message]
             for a in trace.attempts() if a.failure is not None and shown_outcome(a) not in (NOT_FASTER, "slower")]
-    rows += [[e.id, "planner error", "-", e.message] for e in trace.events
-             if e.type == "planner_error" and not e.message.startswith(FINISHED)]
+    rows += [[e.id, "planner error", "-", e.message] for e in trace.events if e.type == "planner_error"]
     return Table("Failures", "The failure each attempt recorded, word for word.", ["id", "outcome", "phase", "why"],
                  rows)
 
