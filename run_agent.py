@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     except NoGpuError:
         print(NO_GPU, file=sys.stderr)
         return ExitCode.NO_GPU
-    except WorkerStartError as e:
-        print(f"the GPU worker did not start: {str(e).splitlines()[0]}", file=sys.stderr)
+    except WorkerStartError as e:  # in full: past its first line comes the tail of the worker's log, the why
+        print(f"the GPU worker did not start: {e}", file=sys.stderr)
         return ExitCode.NO_GPU
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

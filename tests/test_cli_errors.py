@@ -12,6 +12,7 @@ from agent.exit_codes import ExitCode, session_exit
 from agent.interrupts import reason_for
 from run_agent import main
 from sandbox.candidate import Candidate
+from sandbox.pool import WorkerStartError
 from tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,16 @@ def test_ctrl_c_outside_a_session_is_one_line_and_exit_130(capsys, monkeypatch):
     monkeypatch.setattr(run_agent, "cmd_export", interrupted)
     assert main(["export"]) == ExitCode.INTERRUPTED
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_a_worker_that_did_not_start_says_why_and_exits_3(capsys, monkeypatch):
+    def no_worker(_args):
+        raise WorkerStartError("worker exited during start-up:\nloading weights\nImportError: libcuda.so.1")
+
+    monkeypatch.setattr(run_agent, "cmd_bench", no_worker)
+    assert main(["bench"]) == ExitCode.NO_GPU
+    err = capsys.readouterr().err
+    assert err.startswith("the GPU worker did not start: worker exited") and "ImportError: libcuda.so.1" in err
 
 
 @needs_nvrtc
