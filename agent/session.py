@@ -31,7 +31,6 @@ from traces.recorder import Recorder, TraceInUse, TraceWriteError
 from traces.results import EvalResult, Failure, FailureClass
 from traces.schema import (
     LLM_EVENTS,
-    NUMBERED_EVENTS,
     Build,
     Decision,
     Environment,
@@ -56,6 +55,7 @@ from .resume import Retry, check_same_task, retries
 from .run_folder import check_out_dir, write_best
 from .session_tools import SessionTools
 
+NUMBERED_ID = re.compile(r"(p|err)(\d+)")   # the ids _next_id hands out; a resumed session goes on after the highest
 END_MARGIN_S = 5.0          # stop proposing when less than this is left
 MAX_PLANNER_FAILURES = 5    # consecutive planner failures that end the session
 
@@ -212,7 +212,8 @@ class Session:
         for a in tr.attempts():
             if a.decision and a.decision.kept:
                 best_id = a.proposal.id
-        self.counter = sum(1 for e in tr.events if e.type in NUMBERED_EVENTS)
+        self.counter = max((int(m[2]) for e in tr.events if (m := NUMBERED_ID.fullmatch(getattr(e, "id", "")))),
+                           default=0)
         self.retries = retries(tr)
         spent = sum(e.llm.cost_usd for e in tr.events if e.type in LLM_EVENTS and e.llm)
         self.llm_total.cost_usd = spent

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -616,3 +617,28 @@ def test_a_signalled_session_process_ends_cleanly_and_stops_its_hung_worker(tmp_
     trace = load(out / "trace.jsonl")
     assert trace.events[-1].type == "session_end" and trace.events[-1].reason == expected
     assert wait_until(lambda: not group_members(group) and not started_by(out / "sandbox"), 5)
+
+
+def test_a_resume_never_reuses_an_id_after_a_stop_recorded_by_an_older_writer(tmp_path):
+    make_session(tmp_path, plan(FAST, SLOW)).run()
+    path = tmp_path / "trace.jsonl"
+    # the older writer: p1, a stop numbered p2 (a planner_error 'finished: ...'), a resume, p3
+    lines = path.read_bytes().replace(b'"p2', b'"p3').splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if b'"type":"proposal","id":"p3"' in line)
+    old_stop = (b'{"schema_version":1,"at":"2026-12-04T16:39:47.868+00:00","type":"planner_error","id":"p2",'
+                b'"planner":"scripted","message":"finished: script done","retryable":false}\n')
+    path.write_bytes(b"".join(lines[:at]) + old_stop + b"".join(lines[at:]))
+    Session(TASK, plan("// third\n"), FakeSandbox(by_tag), 60.0, tmp_path, resume=load(path)).run()
+    assert [a.proposal.id for a in load(path).attempts()] == ["p1", "p3", "p4"]
+
+
+def test_after_a_resume_the_report_judges_against_the_best_as_re_measured(tmp_path):
+    from traces.timings import judgements
+    make_session(tmp_path, plan(FAST)).run()
+    drifted = lambda cand, opts: timed(cand, 20.0 + by_tag(cand, opts).timings[0].median_us)  # noqa: E731
+    Session(TASK, plan(SLOW), FakeSandbox(drifted), 60.0, tmp_path, resume=load(tmp_path / "trace.jsonl")).run()
+    trace = load(tmp_path / "trace.jsonl")
+    decision = next(a.decision for a in trace.attempts() if a.proposal.id == "p2")
+    judged = judgements(trace)["p2"]
+    geomean = statistics.geometric_mean(r for r, _, _ in judged.ratios.values())
+    assert judged.against == "p1" and geomean == pytest.approx(decision.ratio)

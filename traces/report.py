@@ -50,8 +50,10 @@ def summary_rows(trace: Trace) -> list[tuple[str, str]]:
         rows.append(("best", f"{bid}: {_per_ctx(best_us)} µs/token at ctx {_ctxs(best_us)} ({best.source})"))
         recorded = {int(c): u for c, u in (end.summary.get("best_us", {}) if end else {}).items()}
         if any(abs(u - best_us.get(c, 0.0)) > MISMATCH for c, u in recorded.items()):
-            rows.append(("session's line", f"{end.summary.get('line', '')} (its best differs: the session pooled "
-                                           "samples this trace does not hold)"))
+            rows.append(("session's line", f"{end.summary.get('line', '')} (its best differs from this report's "
+                                           "timing of record: the session quotes the samples it last held for the "
+                                           "best, a re-measure on resume or re-timings an older writer did not "
+                                           "record)"))
     else:
         rows.append(("outcome", f"{len(attempts)} attempts; no version was timed"))
     if base:

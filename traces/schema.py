@@ -177,7 +177,6 @@ class SessionEnd(_Event):
 
 
 LLM_EVENTS = ("proposal", "planner_error", "planner_finished")   # event types that carry a planner's usage
-NUMBERED_EVENTS = ("proposal", "planner_error")   # event types that take a proposal id (p1, p2, ...)
 
 
 Event = Annotated[

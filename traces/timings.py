@@ -102,18 +102,21 @@ def of_record(trace: Trace) -> dict[str, Timing]:
 
 
 def judgements(trace: Trace) -> dict[str, Judgement]:
-    """For each attempt the rule compared (its decision has a ratio): the comparison per context."""
+    """For each attempt the rule compared (its decision has a ratio): the comparison per context, against the
+    samples the session held for its best then (a resumed session re-measures the best and judges against that)."""
     records, retimed = of_record(trace), _retimings(trace)
-    best = trace.measure.id if trace.measure else ""
+    best, reference = "", {}
     out = {}
-    for a in trace.attempts():
-        pid, d = a.proposal.id, a.decision
-        if d is not None and d.ratio is not None and best in records and pid in records:
-            ref = _pooled(records[best].samples, retimed.get((pid, "best"), []))
-            out[pid] = Judgement(best, {ctx: ratio_interval(ref[ctx], s) for ctx, s in records[pid].samples.items()
-                                        if ref.get(ctx)})
-        if d is not None and d.kept:
-            best = pid
+    for e in trace.events:
+        if e.type == "measure" and e.result.timings:
+            best, reference = e.id.split("@")[0], _samples(e.result)
+        elif e.type == "decision" and e.id in records:
+            if e.ratio is not None and reference:
+                ref = _pooled(reference, retimed.get((e.id, "best"), []))
+                out[e.id] = Judgement(best, {ctx: ratio_interval(ref[ctx], s)
+                                             for ctx, s in records[e.id].samples.items() if ref.get(ctx)})
+            if e.kept:
+                best, reference = e.id, records[e.id].samples
     return out
 
 
