@@ -152,7 +152,7 @@ def _lex(text: str, i: int, number: int) -> tuple[str, int]:
     if c in "\"'":
         end = _literal_end(text, i, number)
         return text[i:end], end
-    if c.isdigit() or (c == "." and i + 1 < len(text) and text[i + 1].isdigit()):
+    if _digit(c) or (c == "." and i + 1 < len(text) and _digit(text[i + 1])):
         m = PP_NUMBER.match(text, i)
         return m.group(0), m.end()
     m = IDENT.match(text, i)
@@ -164,11 +164,16 @@ def _lex(text: str, i: int, number: int) -> tuple[str, int]:
     return punct, i + len(punct)
 
 
-def _tokens(text: str) -> list[str]:
+def _digit(c: str) -> bool:
+    """An ASCII digit (str.isdigit also takes '²' and '٣', which start no pp-number)."""
+    return "0" <= c <= "9"
+
+
+def _tokens(text: str, number: int) -> list[str]:
     """pp-tokens of a comment-free line: identifiers, numbers, literals and punctuators."""
     tokens, i = [], 0
     while i < len(text):
-        token, i = _lex(text, i, 0)
+        token, i = _lex(text, i, number)
         if not token.isspace():
             tokens.append(token)
     return tokens
@@ -176,12 +181,12 @@ def _tokens(text: str) -> list[str]:
 
 def _check_line(line: LogicalLine, header_macros: frozenset[str]) -> None:
     n, text = line.number, line.text
-    outside_literals = re.sub(r"\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'", " ", text)
+    tokens = _tokens(text, n)
+    outside_literals = "".join(t for t in tokens if t[0] not in "\"'")   # literals found by the one lexer
     if re.search(r"\\[uU]", outside_literals):
         raise SourceRuleError(f"line {n}: universal character names outside literals are refused")
     if any(ord(ch) > 127 for ch in outside_literals):
         raise SourceRuleError(f"line {n}: non-ASCII characters outside comments and literals are refused")
-    tokens = _tokens(text)
     for tok in tokens:
         if tok in FORBIDDEN_IDENTIFIERS:
             raise SourceRuleError(f"line {n}: {tok} is refused (it can read files or run pragmas)")
