@@ -172,8 +172,9 @@ def strip_log(log: str, include_dirs: tuple[str, ...]) -> str:
     return "\n".join(kept)
 
 
+ERROR_LINE = re.compile(r"\b(?:error|fatal)(?:\s*#\d+-D)?\s*:", re.IGNORECASE)   # "...: error:", "ptxas fatal :"
+
+
 def first_error(log: str) -> str:
-    for line in log.splitlines():
-        if "error" in line.lower():
-            return line.strip()[:400]
-    return ""
+    """The compiler's first error line (a warning that merely mentions 'error', e.g. a name, is not one)."""
+    return next((line.strip()[:400] for line in log.splitlines() if ERROR_LINE.search(line)), "")

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from traces.redaction import looks_secret
 
-ALLOWED_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TMPDIR", "TERM", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH"})
+ALLOWED_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TMPDIR", "TERM", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH",
+                           "MK_ALLOW_UNCONFINED_COMPILER"})   # the compiler's opt-in on hosts without Landlock
 ALLOWED_PREFIXES = ("LC_", "CUDA_", "CUPY_", "NVIDIA_", "TORCH_", "PYTORCH_", "TRITON_")  # CUDA_VISIBLE_DEVICES too
 
 

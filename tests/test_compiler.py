@@ -10,7 +10,7 @@ import pytest
 
 from sandbox.build import build_defines, compile_only
 from sandbox.candidate import Candidate, CandidateError
-from sandbox.compiler import CompileLimits, child_environment, compile_cuda, nvrtc_options, strip_log
+from sandbox.compiler import CompileLimits, child_environment, compile_cuda, first_error, nvrtc_options, strip_log
 from tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,3 +140,11 @@ def test_landlock_allows_reading_the_listed_folders_only(tmp_path):
     if not out.stdout.startswith("Landlock"):
         pytest.skip(f"this kernel has no Landlock: {out.stdout.strip()}")
     assert lines[-2:] == ["denied", "denied"]
+
+
+def test_the_first_error_is_an_error_line_not_a_warning_that_names_one():
+    log = ('candidate.cu(4): warning #177-D: variable "error_count" was declared but never referenced\n'
+           'candidate.cu(9): error: expected a ";"\n')
+    assert first_error(log) == 'candidate.cu(9): error: expected a ";"'
+    assert first_error("ptxas fatal   : Unresolved extern function 'f'\n").startswith("ptxas fatal")
+    assert first_error('candidate.cu(2): warning: "error" in a message\n') == ""

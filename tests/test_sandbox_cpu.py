@@ -111,10 +111,11 @@ def test_worker_environment_is_an_allow_list_without_secrets(monkeypatch):
 
     for name, value in {"PATH": "/usr/bin", "LC_ALL": "C", "CUDA_HOME": "/cuda", "CUDA_TOKEN": "t" * 20,
                         "AWS_SECRET_ACCESS_KEY": "a" * 40, "GH_PAT": "g" * 30, "ANTHROPIC_API_KEY": "k" * 30,
-                        "SOME_SERVICE_URL": "https://x", "TORCH_HOME": "/t"}.items():
+                        "SOME_SERVICE_URL": "https://x", "TORCH_HOME": "/t",
+                        "MK_ALLOW_UNCONFINED_COMPILER": "1"}.items():
         monkeypatch.setenv(name, value)
     env = worker_environment({"FAKE_WORKER_X": "1"})
-    assert {"PATH", "LC_ALL", "CUDA_HOME", "TORCH_HOME", "FAKE_WORKER_X"} <= env.keys()
+    assert {"PATH", "LC_ALL", "CUDA_HOME", "TORCH_HOME", "FAKE_WORKER_X", "MK_ALLOW_UNCONFINED_COMPILER"} <= env.keys()
     assert not {"CUDA_TOKEN", "AWS_SECRET_ACCESS_KEY", "GH_PAT", "ANTHROPIC_API_KEY", "SOME_SERVICE_URL"} & env.keys()
     with pytest.raises(ValueError, match="MY_TOKEN"):
         worker_environment({"MY_TOKEN": "x"})
