@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -230,14 +231,17 @@ def main() -> None:
     send({"event": "ready", "pid": os.getpid(), "device": worker.info.model_dump()})
     from .protocol import EvalRequest
 
-    for line in sys.stdin:
-        msg = json.loads(line)
-        if msg.get("op") == "shutdown":
-            break
-        result, retire = worker.evaluate(EvalRequest.model_validate(msg["request"]))
-        send({"event": "result", "result": result, "retire": retire})
-        if retire:
-            break
+    try:
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg.get("op") == "shutdown":
+                break
+            result, retire = worker.evaluate(EvalRequest.model_validate(msg["request"]))
+            send({"event": "result", "result": result, "retire": retire})
+            if retire:
+                break
+    finally:
+        shutil.rmtree(worker.cubin_dir, ignore_errors=True)   # a killed worker's folder stays, in the temp dir
 
 
 if __name__ == "__main__":
