@@ -134,10 +134,6 @@ class Checker:
         """A step from the candidate's own earlier state (continuation tolerance); returns (case, out, state)."""
         return self._case(kind, seed, ctx, hidden, state, step, self.task.spec.continuation_slack)
 
-    def judge_chained(self, kind: str, seed: int, ctx: int, hidden, before, c_out, c_state, step: int) -> CheckCase:
-        """judge() at the continuation tolerance (the state is the candidate's own)."""
-        return self.judge(kind, seed, ctx, hidden, before, c_out, c_state, step, self.task.spec.continuation_slack)
-
     def _repeat(self, seed, ctx) -> CheckCase:
         hidden, state = self.task.make_inputs(seed, ctx, self.device)
         first = self._candidate_step(hidden.clone(), Task.clone_state(state))

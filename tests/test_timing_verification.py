@@ -50,7 +50,7 @@ class Candidate:
         return out, state
 
 
-def run(monkeypatch, cand):
+def run(monkeypatch, cand, rng=None):
     def counted(model, tokens, state, stream, outs=None):
         before = model.real_steps
         _, state = timing._run(model, tokens, state, outs)
@@ -60,7 +60,7 @@ def run(monkeypatch, cand):
     monkeypatch.setattr(timing.torch.cuda, "current_stream", lambda device=None: None)
     monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda device=None: None)
     checker = Checker(TASK, build_model(ReferenceModel, TASK.cfg, seed=0, device=CPU), cand, CPU)
-    return timing.time_candidate(TASK, cand, checker, CTX, STEPS, SAMPLES, WARMUP, CPU, rng=random.Random(3))
+    return timing.time_candidate(TASK, cand, checker, CTX, STEPS, SAMPLES, WARMUP, CPU, rng=rng or random.Random(3))
 
 
 def test_an_honest_candidate_passes_every_sample_with_every_output_compared(monkeypatch):
@@ -132,3 +132,23 @@ def test_writing_into_its_input_tokens_is_refused(monkeypatch):
 
     _, _, checks = run(monkeypatch, Scribbler())
     assert not checks[0].passed and "input tokens" in checks[0].message
+
+
+def test_the_first_step_of_a_chain_is_judged_at_the_plain_tolerance(monkeypatch):
+    class Cycling(random.Random):   # verifies step 0, 1, 2, ... in turn
+        picks = iter(range(STEPS * SAMPLES))
+
+        def randrange(self, start, stop=None, step=1):
+            return next(self.picks) % STEPS if stop is None else super().randrange(start, stop, step)
+
+    judged = []
+    plain_judge = Checker.judge
+
+    def recorded(self, kind, seed, ctx, hidden, before, c_out, c_state, step=0, slack=1.0):
+        judged.append((step, slack))
+        return plain_judge(self, kind, seed, ctx, hidden, before, c_out, c_state, step, slack)
+
+    monkeypatch.setattr(Checker, "judge", recorded)
+    run(monkeypatch, Candidate(), Cycling(5))
+    assert (0, 1.0) in judged and (1, TASK.spec.continuation_slack) in judged
+    assert all(slack == (1.0 if step == 0 else TASK.spec.continuation_slack) for step, slack in judged)
