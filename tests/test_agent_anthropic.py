@@ -271,3 +271,10 @@ def test_the_notebook_reaches_the_trace_and_the_report(tmp_path):
         assert "Predictions against outcomes" in text and "90.0 / 95.0" in text
         assert "Notebook" in text and "fewer loop branches" in text and "B=16: no phase would gain" in text
         assert "Tool calls" in text and "cache read" in text
+
+
+def test_a_full_context_with_nothing_left_to_shorten_ends_the_planner_instead_of_asking_again(tmp_path):
+    script = [message([], stop="model_context_window_exceeded")] * 5
+    s, summary, srv, trace = run(tmp_path, script)
+    assert len(srv.requests) == 1
+    assert summary.reason.startswith("planner failed 1 time(s): the context window is full")

@@ -112,7 +112,9 @@ class AnthropicPlanner(Planner):
                 raise PlannerFailure(f"the model refused: {_text(resp)[:300]}", turn, retryable=False)
             if stop == "model_context_window_exceeded":
                 self.messages.pop()
-                self._compact(force=True)
+                if not self._compact(keep_recent=1):   # the same request again would overflow again
+                    raise PlannerFailure("the context window is full and no older tool result is left to "
+                                         "shorten", turn, retryable=False)
                 continue
             uses = [b for b in resp.content if b.type == "tool_use"]
             if stop == "max_tokens":
@@ -262,18 +264,20 @@ class AnthropicPlanner(Planner):
         if last is not None and last["content"]:
             last["content"][-1]["cache_control"] = {"type": "ephemeral"}
 
-    def _compact(self, force: bool = False) -> None:
-        """Replace the text of tool results older than the recent messages with their one-line summaries."""
-        old = self.messages[: max(0, len(self.messages) - self.keep_recent)]
+    def _compact(self, keep_recent: int | None = None) -> int:
+        """Replace the text of tool results older than the recent messages (`keep_recent`, else the planner's
+        setting) with their one-line summaries; how many were replaced."""
+        keep = self.keep_recent if keep_recent is None else keep_recent
         replaced = 0
-        for m in old:
+        for m in self.messages[: max(0, len(self.messages) - keep)]:
             for block in m["content"]:
                 if block.get("type") == "tool_result" and not str(block.get("content", "")).startswith("[summary]"):
                     block["content"] = f"[summary] {self.summaries.get(block['tool_use_id'], 'earlier result')}"
                     replaced += 1
-        if replaced or force:
+        if replaced:
             self.tools.context_note(f"context over its budget of {self.context_tokens} tokens: {replaced} older "
                                     "tool results replaced by their one-line summaries")
+        return replaced
 
 
 def _stop_at(deadline: float):
