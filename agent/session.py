@@ -215,6 +215,7 @@ class Session:
         self.counter = max((int(m[2]) for e in tr.events if (m := NUMBERED_ID.fullmatch(getattr(e, "id", "")))),
                            default=0)
         self.retries = retries(tr)
+        self.tools.restore(tr.events)
         spent = sum(e.llm.cost_usd for e in tr.events if e.type in LLM_EVENTS and e.llm)
         self.llm_total.cost_usd = spent
         self.planner.restore(spent)

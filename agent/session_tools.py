@@ -32,7 +32,13 @@ class SessionTools:
     def __init__(self, session: Session):
         self.s = session
         self.calls = 0
+        self.context_notes = 0
         self.device_s = 0.0
+
+    def restore(self, events: list) -> None:
+        """Number on from a resumed trace's tool calls and context notes, so no id is handed out twice."""
+        self.calls = max((int(e.id[1:]) for e in events if e.type == "tool_call" and e.id[1:].isdigit()), default=0)
+        self.context_notes = sum(1 for e in events if e.type == "note" and e.kind == "context")
 
     # ---- the entry point planners use ---------------------------------------------------------
 
@@ -83,7 +89,8 @@ class SessionTools:
 
     def context_note(self, text: str) -> None:
         """Record what the planner's context management did (old tool results summarised)."""
-        self.s.record(Note(id=f"n{self.calls}c", author=self.s.planner.name, kind="context", text=text))
+        self.context_notes += 1
+        self.s.record(Note(id=f"c{self.context_notes}", author=self.s.planner.name, kind="context", text=text))
 
     # ---- helpers ------------------------------------------------------------------------------
 

@@ -278,3 +278,16 @@ def test_a_full_context_with_nothing_left_to_shorten_ends_the_planner_instead_of
     s, summary, srv, trace = run(tmp_path, script)
     assert len(srv.requests) == 1
     assert summary.reason.startswith("planner failed 1 time(s): the context window is full")
+
+
+def test_a_resumed_session_numbers_its_tool_calls_and_notes_on_from_the_trace(tmp_path):
+    first = [calls(("outline", {"version": "best"})), calls(("note", {"kind": "observation", "text": "a"})),
+             calls(("finish", {"reason": "pause"}))]
+    run(tmp_path, first)
+    again = [calls(("outline", {"version": "best"})), calls(("note", {"kind": "observation", "text": "b"})),
+             calls(("finish", {"reason": "done"}))]
+    with FakeAnthropic(again) as srv:
+        Session(TASK, planner(srv.url), FakeSandbox(sandbox), 120.0, tmp_path / "run",
+                resume=load(tmp_path / "run" / "trace.jsonl")).run()
+    ids = [e.id for e in load(tmp_path / "run" / "trace.jsonl").events if e.type in ("tool_call", "note")]
+    assert len(ids) == 6 and len(set(ids)) == 6, ids
