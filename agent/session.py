@@ -174,7 +174,7 @@ class Session:
             archive=self.archive.versions(), budget_left_s=self.budget.remaining(),
         )
 
-    def _evaluate(self, label: str, cand: Candidate, **options) -> EvalResult:
+    def evaluate(self, label: str, cand: Candidate, **options) -> EvalResult:
         """Evaluate `cand`; a failure marked retryable (our side broke) is retried once at once, on a fresh
         worker (the evaluator retires a worker after one), its first try recorded as `<label>~retried`."""
         res = self._evaluate_once(cand, **options)
@@ -184,7 +184,10 @@ class Session:
         return res
 
     def _evaluate_once(self, cand: Candidate, **options) -> EvalResult:
-        res = self.ev.evaluate(cand, deadline=self.budget.deadline(), **options)
+        return self.count_phases(self.ev.evaluate(cand, deadline=self.budget.deadline(), **options))
+
+    def count_phases(self, res: EvalResult) -> EvalResult:
+        """Add an evaluation's seconds per phase to the session's (the summary's seconds_by_phase)."""
         for phase, secs in res.phase_seconds.items():
             self.phase_seconds[phase] += secs
         return res
@@ -226,7 +229,7 @@ class Session:
     def _measure(self, vid: str, source: str, knobs: dict[str, int]) -> Version:
         cand = Candidate(source=source, knobs=knobs)
         self.on_progress(step=f"measuring {vid}")
-        res = self._evaluate(vid, cand)
+        res = self.evaluate(vid, cand)
         self.record(Measure(id=vid, source_sha=cand.source_sha, source=source, knobs=res.knobs or knobs,
                              result=res))
         if not res.ok:
@@ -352,7 +355,7 @@ class Session:
             res = EvalResult(task=self.task.spec.name, size=self.task.spec.size, key="", failure=failure)
             self._decide(pid, planned, parent_id, cand, res, Verdict(kept=False, reason=failure.message), failure)
             return
-        res = self._evaluate(pid, cand)
+        res = self.evaluate(pid, cand)
         if res.build is not None:
             self.record(Build(id=pid, result=res.build))
         self.record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
@@ -396,7 +399,7 @@ class Session:
         for i in range(1, 3):
             for runs, which, c in ((a, "best", best_c), (b, "candidate", cand)):
                 label = f"{pid}~confirm-{which}-{i}"
-                r = self._evaluate(label, c, check=False, baseline=False)
+                r = self.evaluate(label, c, check=False, baseline=False)
                 self.record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
                 if not r.ok:
                     f = r.failure

@@ -134,10 +134,9 @@ class SessionTools:
     def _profile(self, inp: ProfileInput, tid: str, versions: list[str]) -> ToolOutput:
         vid = self._correct(inp.version)
         contexts = inp.contexts or [max(self.s.task.spec.context_lengths)]
-        res: EvalResult = self._on_gpu(lambda: self.s.ev.evaluate(
-            self._candidate(vid), check=False, time=False, baseline=False, profile=contexts,
-            deadline=self.s.budget.deadline()))
         label = f"{vid}~profile-{tid}"
+        res: EvalResult = self._on_gpu(lambda: self.s.evaluate(
+            label, self._candidate(vid), check=False, time=False, baseline=False, profile=contexts))
         self.s.record(Evaluate(id=label, result=res))
         versions.append(label)
         if not res.ok:
@@ -166,6 +165,7 @@ class SessionTools:
 
         def record(v: CompareVersion, res: EvalResult) -> None:
             rounds[v.label] += 1
+            self.s.count_phases(res)
             label = f"{v.label}~compare-{tid}-{rounds[v.label]}"
             self.s.record(Evaluate(id=label, result=res.model_copy(update={"build": None})))
             versions.append(label)
