@@ -12,6 +12,7 @@ step must not touch (old cache rows) must stay bit-identical.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -42,6 +43,13 @@ def _worst(tensors: list[TensorCheck]) -> float:
     """How far the worst tensor is from its bound (below 1 passes); NaN and inf rank last."""
     worst = max((t.rel_l2 / t.rel_l2_max if t.finite else float("inf") for t in tensors), default=0.0)
     return worst if worst == worst else float("inf")
+
+
+def _distance(tensors: list[TensorCheck]) -> float:
+    """How far a candidate is from an answer: its worst tensor's share of the bound, and above 1.0 whenever a
+    tensor fails (a cosine below its gate fails however small the relative error)."""
+    worst = _worst(tensors)
+    return worst if all(t.passed for t in tensors) else max(worst, math.nextafter(1.0, math.inf))
 
 
 def _not_finite(hidden: torch.Tensor, state) -> list[str]:
@@ -118,11 +126,17 @@ class Checker:
 
             branches = [("", against(r_out, r_state))]
             if not all(t.passed for t in branches[0][1]):
-                branches += [(label, against(out, st))
-                             for label, out, st in self.task.reference_variants(self.ref, hidden, before)]
+                judged = {}   # id(variant output) -> its tensors, as the task's search measured them
+
+                def distance(out, st) -> float:
+                    judged[id(out)] = against(out, st)
+                    return _distance(judged[id(out)])
+
+                variants = self.task.reference_variants(self.ref, hidden, before, distance)
+                branches += [(label, judged.get(id(out)) or against(out, st)) for label, out, st in variants]
         except ValueError as e:
             return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=str(e))
-        label, tensors = min(branches, key=lambda b: (not all(t.passed for t in b[1]), _worst(b[1])))
+        label, tensors = min(branches, key=lambda b: _distance(b[1]))
         untouched = self.task.untouched(before, c_state, ctx)
         passed = all(t.passed for t in tensors) and all(untouched.values())
         note = f"matched the reference with {label}" if label and passed else ""

@@ -119,3 +119,29 @@ def test_every_valid_set_and_a_near_tie_that_appears_only_in_a_branch_are_tried(
                      "routing: layer 1 set 2 of …, layer 2 set 2 of …, layer 3 set 2 of 2"]
     assert ((1, 1), (3, 1)) not in reference.runs     # layer 3 is settled once layer 1 takes set 2
     assert reference.routing_sets == [1, 3, 1, 2]       # classes refer to the plain run
+
+
+class KeyedReference(ScriptedReference):
+    """A scripted reference whose 'output' is the set of choices it ran with (what a distance can look at)."""
+
+    def step(self, hidden, state, choices=None):
+        super().step(hidden, state, choices)
+        return tuple(sorted((choices or {}).items())), state
+
+
+def test_the_branch_nearest_the_candidate_is_extended_first_and_a_match_ends_the_search():
+    # seed 227359290 ctx 8201 on the H200: ties at layers 0, 2 and 3 left more valid sets than the run limit;
+    # breadth first spent it on layer-0 sets the kernel was far from, and the honest seed was refused
+    sets = {(): [3, 1, 8, 2], ((0, 1),): [3, 1, 8, 2], ((0, 2),): [3, 1, 8, 2], ((2, 1),): [3, 1, 8, 3]}
+    reference = KeyedReference(sets)
+    match = ((2, 1), (3, 2))
+
+    def distance(out, _state) -> float:
+        return 0.5 if out == match else 1.01 if out == ((2, 1),) else 6.0
+
+    variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [], distance)
+    assert variants[-1][1] == match and len(variants) == 12
+    assert reference.routing_sets == [3, 1, 8, 2]
+
+    breadth_first = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [])
+    assert match not in [out for _, out, _ in breadth_first]

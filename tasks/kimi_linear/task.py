@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
+
 import torch
 
 from ..base import State, Task, sharing_weights
@@ -29,7 +32,8 @@ TOLERANCE_NOTE = (
     "and none after it, on inputs whose margin at that layer was 0-5 ulps (at an exact tie at layer 3, "
     "seed 1876674187 ctx 3001, neither the plain set nor the k/k+1 swap matched: a third expert lay "
     "within reach). So the checker also runs the reference with each other valid set at such a layer "
-    "(reference.routing_sets, up to 8 per layer, 15 runs in all) and accepts a match with any branch, "
+    "(reference.routing_sets, up to 8 per layer, 15 runs in all, the branch nearest the candidate extended "
+    "first) and accepts a match with any branch, "
     "at the same tight bounds (up to 3 such layers; beyond that, later tensors get 'after_tie', 0.35). "
     "The cosine gate (0.98, upstream's) applies to every tensor."
 )
@@ -127,31 +131,40 @@ class KimiTask(Task):
             return "conv_first"
         return "later"
 
-    def reference_variants(self, reference, hidden, state):
-        """The other valid answers at routing near-ties, breadth first: at each layer whose top-k boundary is
-        a near tie, every other valid expert set (reference.routing_sets). A branch looks for its next near tie
-        in its own run: another set at one layer moves every later layer's logits (a tie that is exact in one
-        branch may be 13 ulps wide in another). At most MAX_TIE_BRANCHES layers deep."""
+    def reference_variants(self, reference, hidden, state, distance=None):
+        """The other valid answers at routing near-ties: at each layer whose top-k boundary is a near tie,
+        every other valid expert set (reference.routing_sets). A branch looks for its next near tie in its
+        own run: another set at one layer moves every later layer's logits (a tie that is exact in one branch
+        may be 13 ulps wide in another). At most MAX_TIE_BRANCHES layers deep, MAX_TIE_VARIANTS runs.
+
+        With `distance`, the branch nearest the candidate is extended first and the search stops at a match
+        (inputs with near ties at three layers have more valid sets than the run limit, and branching
+        breadth first spent it on sets the candidate was far from); without, breadth first."""
         margins, sets = list(reference.routing_margins), list(reference.routing_sets)
         variants = []
-        pending = [({}, sets, -1)]   # (layer -> chosen set, that run's set counts, last layer chosen)
-        while pending and len(variants) < MAX_TIE_VARIANTS:
-            choices, run_sets, last = pending.pop(0)
-            if len(choices) >= MAX_TIE_BRANCHES:
-                continue
-            for layer in (i for i, n in enumerate(run_sets) if n > 1 and i > last):
-                for j in range(1, run_sets[layer]):
-                    if len(variants) >= MAX_TIE_VARIANTS:
-                        break
+        order = itertools.count()
+        # (how far the candidate is from the run, tie-break, layer -> chosen set, the run's set counts, last layer)
+        frontier = [(0.0, next(order), {}, sets, -1)]
+        try:
+            while frontier and len(variants) < MAX_TIE_VARIANTS:
+                _, _, choices, run_sets, last = heapq.heappop(frontier)
+                if len(choices) >= MAX_TIE_BRANCHES:
+                    continue
+                open_sets = [(i, j) for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)]
+                for layer, j in open_sets[: MAX_TIE_VARIANTS - len(variants)]:
                     branch = {**choices, layer: j}
                     out, st = reference.step(hidden.clone(), Task.clone_state(state), choices=branch)
                     here = [round(m, 1) for m in reference.routing_margins]
                     label = ", ".join(f"layer {k} set {v + 1} of {run_sets[k] if k == layer else '…'}"
                                       for k, v in sorted(branch.items()))
                     variants.append((f"routing: {label} (margins {here})", out, st))
-                    pending.append((branch, list(reference.routing_sets), layer))
-        reference.routing_margins, reference.routing_sets = margins, sets   # classes refer to the plain run
-        return variants
+                    far = 0.0 if distance is None else distance(out, st)
+                    if distance is not None and far <= 1.0:
+                        return variants
+                    heapq.heappush(frontier, (far, next(order), branch, list(reference.routing_sets), layer))
+            return variants
+        finally:
+            reference.routing_margins, reference.routing_sets = margins, sets   # classes refer to the plain run
 
     def rewind(self, state: State, ctx: int) -> State:
         for kind, st in zip(self.cfg.pattern, state, strict=True):
