@@ -1,18 +1,32 @@
 """The compiler process: NVRTC on one source, confined first (resource limits, Landlock), then judged by nothing.
 
-Started by sandbox.compiler with an allow-listed environment. Reads one JSON request on stdin and writes
-one JSON answer on stdout. NVRTC and its builtins library are loaded (by compiling an empty program)
-before the confinement, so that afterwards the process can read nothing but the include folders.
+Started by sandbox.compiler with an allow-listed environment and the caller's pid as its argument. Reads one
+JSON request on stdin and writes one JSON answer on stdout. NVRTC and its builtins library are loaded (by
+compiling an empty program) before the confinement, so that afterwards the process can read nothing but the
+include folders.
 """
 
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
+import os
+import signal
 import sys
+
+from .lifeline import PR_SET_PDEATHSIG
+
+
+def _tie_to(parent: int) -> None:
+    """SIGKILL this process when the thread that started it ends; end now if the caller is already gone."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def main() -> None:
+    _tie_to(int(sys.argv[1]))
     req = json.loads(sys.stdin.read())
     from .confinement import limit_resources, restrict_filesystem
 

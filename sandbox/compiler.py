@@ -10,7 +10,6 @@ host paths removed. No GPU is needed: this runs wherever NVRTC does.
 from __future__ import annotations
 
 import base64
-import ctypes
 import functools
 import json
 import os
@@ -30,7 +29,6 @@ PRELUDE_FILE = "task_prelude.cu"
 DIAGNOSTIC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<rest>.*)$")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
 CANNOT_OPEN = re.compile(r'(cannot open source file "[^"]*").*$')   # the OS's reason would tell what exists
-PR_SET_PDEATHSIG = 1
 PASSED_ENV = ("LD_LIBRARY_PATH", "CUDA_PATH", "CUDA_HOME", "CUPY_CACHE_DIR")
 
 
@@ -104,10 +102,10 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
                "cpu_seconds": max(1, int(limits.seconds)),
                "allow_unconfined": os.environ.get("MK_ALLOW_UNCONFINED_COMPILER") == "1"}
     t0 = time.perf_counter()
-    # in the caller's process group (a worker's group dies with its session) and killed should the caller die
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox.compile_child"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(), cwd="/",
-                            preexec_fn=_die_with_parent)
+    # in the caller's process group (a worker's group dies with its session); the child ties its life to the
+    # caller's (no preexec_fn: the caller may be threaded, e.g. building ahead)
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox.compile_child", str(os.getpid())], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(), cwd="/")
     try:
         out, err = proc.communicate(json.dumps(request).encode(), timeout=limits.seconds)
     except subprocess.TimeoutExpired:
@@ -125,11 +123,6 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
     return CompileOutput(ok=answer["ok"], cubin_b64=answer.get("cubin", ""), log=log,
                          error="" if answer["ok"] else first_error(log) or answer.get("error", "compile failed"),
                          seconds=seconds, confinement=answer["confinement"], compiler=f"NVRTC {answer['nvrtc']}")
-
-
-def _die_with_parent() -> None:
-    """Runs in the compiler process between fork and exec."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _death(code: int, stderr: str, limits: CompileLimits) -> str:
