@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import sys
 import tempfile
@@ -51,6 +52,17 @@ def arg_type(convert):
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def default_builders() -> int:
+    """Compiles at once unless the user says: half the cores, at most 4 (each takes a core and up to 4 GB)."""
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def count(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"expected a whole number (0 or more), got {text!r}")
     return int(text)
 
 
@@ -160,7 +172,8 @@ def cmd_run(args) -> int:
     except (ValueError, OSError, StartError) as e:
         raise BadInput(str(e).splitlines()[0]) from e
     made = missing_folders(out)
-    evaluator = Evaluator(task.spec.name, task.spec.size, work_dir=out / "sandbox", timeouts=args.timeouts)
+    evaluator = Evaluator(task.spec.name, task.spec.size, work_dir=out / "sandbox", timeouts=args.timeouts,
+                          build_ahead=args.build_ahead)
     try:
         evaluator.start()
     except NoGpuError:
@@ -315,6 +328,8 @@ def build_parser() -> Parser:
                    help="USD per million tokens for a model the price table does not know")
     r.add_argument("--timeouts", metavar="PHASE=S,...", type=arg_type(phase_timeouts),
                    help="per-phase limits, e.g. check=60,time=120 (phases: startup, build, check, time)")
+    r.add_argument("--build-ahead", metavar="N", type=arg_type(count), default=default_builders(),
+                   help="candidates compiled at once on the CPU while the GPU evaluates (0: the GPU worker compiles)")
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="build, check and time one kernel (default: the task's seed) vs the baseline")
@@ -338,7 +353,8 @@ def build_parser() -> Parser:
     p.add_argument("--resume", action="store_true", help="continue the session (same as run --resume TRACE)")
     p.add_argument("--budget", default="30m", type=arg_type(budget_seconds), help="with --resume: wall-clock budget")
     p.set_defaults(func=cmd_replay, planner=None, seed=0, model=None, max_cost=5.0, replay_trace=None, kernel=None,
-                   knob=None, out=None, task=None, size=None, scripted_model=None, price=None, timeouts=None)
+                   knob=None, out=None, task=None, size=None, scripted_model=None, price=None, timeouts=None,
+                   build_ahead=default_builders())
 
     c = sub.add_parser("compare", help="check and time versions interleaved: FILE.cu, FILE.cu:K=V,..., TRACE#ID")
     c.add_argument("versions", nargs="+", metavar="VERSION")

@@ -58,6 +58,7 @@ from .session_tools import SessionTools
 NUMBERED_ID = re.compile(r"(p|err)(\d+)")   # the ids _next_id hands out; a resumed session goes on after the highest
 END_MARGIN_S = 5.0          # stop proposing when less than this is left
 MAX_PLANNER_FAILURES = 5    # consecutive planner failures that end the session
+LOOKAHEAD = 4               # proposals a planner is asked to foresee, for building ahead
 
 
 @dataclass
@@ -331,8 +332,16 @@ class Session:
                 continue
             planner_failures = 0
             self._add_usage(planned.llm)
+            self._build_ahead(planned)
             self._attempt(self._next_id(), planned, planned.parent_id or self.best.id)
         return "budget"
+
+    def _build_ahead(self, planned: PlannedVersion) -> None:
+        """Hand the evaluator this proposal and the planner's likely next ones to compile on the CPU while the GPU
+        checks and times (a guess that the next decision overturns costs CPU time only)."""
+        upcoming = self.planner.upcoming(self._view(), LOOKAHEAD + 1)   # the view does not hold `planned` yet
+        later = [p for p in upcoming if (p.source, p.knobs) != (planned.source, planned.knobs)][:LOOKAHEAD]
+        self.ev.prebuild([Candidate(source=p.source, knobs=p.knobs) for p in [planned, *later]])
 
     def _add_usage(self, usage: LlmUsage | None) -> None:
         if usage is not None:

@@ -1,7 +1,8 @@
 """Build a candidate for a task: the confined compiler makes the cubin, a GPU worker loads it.
 
-`build_for_device` compiles and loads (inside a GPU worker); `compile_only` compiles without a GPU and
-reads the build facts (registers, spills, stack, shared memory) from ptxas's report.
+`build_for_device` compiles (or takes the build made ahead, sandbox.build_ahead) and loads, inside a GPU
+worker; `compile_only` compiles without a GPU and reads the build facts (registers, spills, stack, shared
+memory) from ptxas's report.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import re
 import time
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from tasks.base import Task
-from traces.results import BuildResult, Resources
+from traces.results import BuildResult, DeviceInfo, Resources
 
 from .candidate import Candidate, CandidateError, validate
 from .compiler import CompileLimits, CompileOutput, compile_cuda, nvrtc_options
@@ -39,6 +42,25 @@ def build_defines(task: Task, knobs: dict[str, int], instruments: dict[str, str]
     return {**{k: str(v) for k, v in knobs.items()}, **(instruments or {}), **dims}
 
 
+class BuiltAhead(BaseModel):
+    """A build made ahead of its evaluation (sandbox.build_ahead), stored as <key>.json for the worker."""
+
+    knobs: dict[str, int]
+    output: CompileOutput
+
+
+def build_key(task: Task, cand: Candidate, info: DeviceInfo) -> str:
+    """The key of `cand`'s binary for the GPU `info` describes (CandidateError for malformed knobs)."""
+    arch = "sm_" + info.capability.replace(".", "")
+    return cand.key(f"{arch}|{task.defines()}|{info.cupy}|{info.cuda}")
+
+
+def built_ahead(folder: Path | None, key: str) -> BuiltAhead | None:
+    """The build stored under `key` in `folder`, if one was made ahead."""
+    path = folder / f"{key}.json" if folder is not None else None
+    return BuiltAhead.model_validate_json(path.read_text()) if path is not None and path.is_file() else None
+
+
 def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLimits | None = None,
                       instruments: dict[str, str] | None = None) -> tuple[dict[str, int], CompileOutput]:
     """(resolved knobs, compiler output); CandidateError for a source or knob that breaks a rule."""
@@ -54,10 +76,19 @@ def instrumented_key(key: str, instruments: dict[str, str] | None) -> str:
     return hashlib.sha256(json.dumps({"key": key, "instruments": instruments}, sort_keys=True).encode()).hexdigest()
 
 
+def failed_build(key: str, knobs: dict[str, int], out: CompileOutput, seconds: float, ahead: bool = False
+                 ) -> BuildResult:
+    """The result of a compile that failed (in a worker, or ahead of it on the CPU)."""
+    return BuildResult(ok=False, key=key, knobs=knobs, error=out.error, log=out.log[-20000:], compiler=out.compiler,
+                       confinement=out.confinement, seconds=seconds, built_ahead=ahead)
+
+
 def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict, cubin_dir: Path,
-                     limits: CompileLimits | None = None, instruments: dict[str, str] | None = None):
+                     limits: CompileLimits | None = None, instruments: dict[str, str] | None = None,
+                     ahead: Path | None = None):
     """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result.
-    With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones."""
+    With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones. A build made
+    ahead (in the folder `ahead`, under the same key) is loaded instead of compiled again."""
     from tasks.cuda_runtime import driver, load_kernel
 
     t0 = time.perf_counter()
@@ -65,13 +96,13 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     if key in cache:
         kernel, facts = cache[key]
         return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), kernel
+    made = built_ahead(ahead, key) if not instruments else None
     try:
-        knobs, out = compile_candidate(task, cand, arch, limits, instruments)
+        knobs, out = (made.knobs, made.output) if made else compile_candidate(task, cand, arch, limits, instruments)
     except CandidateError as e:
         return BuildResult(ok=False, key=key, error=str(e), seconds=time.perf_counter() - t0), None
     if not out.ok:
-        return BuildResult(ok=False, key=key, knobs=knobs, error=out.error, log=out.log[-20000:],
-                           compiler=out.compiler, confinement=out.confinement, seconds=time.perf_counter() - t0), None
+        return failed_build(key, knobs, out, time.perf_counter() - t0, made is not None), None
     cubin_dir.mkdir(parents=True, exist_ok=True)
     path = cubin_dir / f"{key}.cubin"
     path.write_bytes(out.cubin)
@@ -82,6 +113,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     res = BuildResult(
         ok=True, key=key, knobs=knobs, log=out.log[-20000:], seconds=time.perf_counter() - t0, compiler=out.compiler,
         confinement=out.confinement, spill_bytes=facts["spill_stores"] + facts["spill_loads"],
+        built_ahead=made is not None,
         resources=Resources(
             registers=kernel.registers, local_bytes=kernel.local_bytes, static_smem=kernel.static_smem,
             dynamic_smem=c.dynamic_smem, max_threads=kernel.max_threads, threads=c.threads,

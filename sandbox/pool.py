@@ -1,6 +1,6 @@
 """Parent side of evaluation: a warm worker process, per-phase timeouts, kill-the-group on expiry.
 
-The parent never imports torch or touches CUDA. A worker that times out is killed with its whole
+The parent never touches CUDA. A worker that times out is killed with its whole
 process group; one that crashes, reports a CUDA error or breaks the protocol is retired; the next
 evaluation starts a fresh worker transparently. Each worker runs under sandbox.lifeline, so its group
 dies with the session even when the session is killed outright; it gets an allow-listed environment
@@ -21,8 +21,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from tasks.registry import get_task
 from traces.results import DeviceInfo, EvalResult, Failure, FailureClass
 
+from .build import failed_build
+from .build_ahead import BuildAhead
 from .candidate import Candidate
 from .environment import worker_environment
 from .protocol import (
@@ -100,12 +103,14 @@ class Evaluator:
     """Evaluate candidates of one task in isolated, warm worker processes.
 
     `extra_env` adds variables to the allow-listed worker environment (tests pass their fake worker's
-    settings this way); the environment is fixed when the evaluator is made.
+    settings this way); the environment is fixed when the evaluator is made. With `build_ahead` > 0 this
+    process compiles candidates on that many threads (sandbox.build_ahead) and the worker only loads them;
+    `prebuild` starts builds before their evaluation is asked for.
     """
 
     def __init__(self, task: str, size: str = "full", weight_seed: int = 0, work_dir: Path | None = None,
                  timeouts: PhaseTimeouts | None = None, worker_module: str = "sandbox.worker",
-                 extra_env: Mapping[str, str] | None = None):
+                 extra_env: Mapping[str, str] | None = None, build_ahead: int = 0):
         self.task, self.size, self.weight_seed = task, size, weight_seed
         self.worker_module = worker_module
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="mk-sandbox-"))   # never beside the installed code
@@ -115,6 +120,7 @@ class Evaluator:
         self._worker: _Worker | None = None
         self._logs = 0
         self._rng = random.SystemRandom()
+        self._ahead = BuildAhead(get_task(task, size), self.work_dir / "builds", build_ahead) if build_ahead else None
         self._env = worker_environment({
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "CUPY_CACHE_DIR": str(self.work_dir / "cupy-cache"), "PYTHONUNBUFFERED": "1", **(extra_env or {})})
@@ -136,7 +142,8 @@ class Evaluator:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "sandbox.lifeline", str(os.getpid()),
                  sys.executable, "-m", self.worker_module, "--task", self.task, "--size", self.size,
-                 "--weight-seed", str(self.weight_seed)],
+                 "--weight-seed", str(self.weight_seed),
+                 *(["--builds", str(self._ahead.folder)] if self._ahead else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, cwd=ROOT, env=self._env,
                 start_new_session=True,
             )
@@ -176,6 +183,8 @@ class Evaluator:
 
     def close(self) -> None:
         """Ask the worker to stop, and kill its group whatever happens meanwhile (a second Ctrl-C included)."""
+        if self._ahead is not None:
+            self._ahead.close()
         w, self._worker = self._worker, None
         if w is None:
             return
@@ -192,6 +201,13 @@ class Evaluator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def prebuild(self, candidates: list[Candidate]) -> None:
+        """Start building `candidates` on the CPU (no-op without build-ahead or before the worker said which
+        GPU it has)."""
+        if self._ahead is not None and self.device is not None:
+            for cand in candidates:
+                self._ahead.submit(cand, self.device)
 
     def fresh_seeds(self, n: int) -> list[int]:
         return [self._rng.randrange(1, 2**31 - 1) for _ in range(n)]
@@ -215,11 +231,41 @@ class Evaluator:
             self.start(t.startup if deadline is None else max(1.0, min(t.startup, deadline - time.monotonic())))
         except (WorkerStartError, NoGpuError) as e:
             return _failed(base, FailureClass.infra, "startup", str(e), retryable=True)
+        waited = 0.0
+        if self._ahead is not None:
+            refused, waited = self._build_first(candidate, t, deadline, base)
+            if refused is not None:
+                return refused
         try:
-            return self._exchange(req, t, deadline, base)
+            res = self._exchange(req, t, deadline, base)
         except BaseException:
             self._retire()
             raise
+        if waited:
+            res.phase_seconds["build"] = res.phase_seconds.get("build", 0.0) + waited
+        return res
+
+    def _build_first(self, cand: Candidate, t: PhaseTimeouts, deadline: float | None, base: EvalResult
+                     ) -> tuple[EvalResult | None, float]:
+        """Build `cand` here (or wait for its build made ahead) before the worker sees it: (the result when the
+        build failed, no worker involved, or None when the worker is to load it or report a broken rule;
+        seconds waited)."""
+        t0 = time.monotonic()
+        key = self._ahead.submit(cand, self.device)
+        limit = t.build if deadline is None else min(t.build, deadline - t0)
+        try:
+            made = self._ahead.result(key, limit) if key is not None else None
+        except TimeoutError:
+            why = "the caller's deadline passed" if deadline is not None and limit < t.build else \
+                f"build exceeded {t.build:.0f} s"
+            return _failed(base, FailureClass.timeout, "build", f"{why} (compiling ahead, on the CPU)"), limit
+        waited = time.monotonic() - t0
+        if made is None or made.output.ok:
+            return None, waited
+        build = failed_build(key, made.knobs, made.output, waited, ahead=True)
+        return base.model_copy(update={
+            "key": key, "knobs": made.knobs, "build": build, "phase_seconds": {"build": waited}, "device": self.device,
+            "failure": Failure(cls=FailureClass.build, phase="build", message=build.error)}), waited
 
     def _exchange(self, req: EvalRequest, t: PhaseTimeouts, deadline: float | None, base: EvalResult) -> EvalResult:
         """Send one request and follow the worker's phases to its result."""

@@ -2,8 +2,9 @@
 
 Started by sandbox.pool in its own process group. Protocol: requests on stdin, messages on the
 original stdout (fd 1 is redirected to stderr so that nothing else can corrupt the protocol).
-After any CUDA error or failed check the worker answers and exits: a retired process cannot hand
-a scribbled context or corrupted weights to the next candidate.
+After any CUDA error the worker answers and exits: a retired process cannot hand a broken context to the
+next candidate. After a wrong answer it stays only when its context still works and every weight is bit
+for bit the copy taken at start-up (sandbox.integrity); a respawn costs ~20 s of loading weights.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def send(obj: dict) -> None:
 
 
 class Worker:
-    def __init__(self, task_name: str, size: str, weight_seed: int):
+    def __init__(self, task_name: str, size: str, weight_seed: int, builds: Path | None = None):
         import torch
 
         from tasks.registry import get_task
@@ -55,6 +56,7 @@ class Worker:
         self.models: dict = {}   # "candidate": checked and timed; "stamped": its -DPHASE_STAMPS=1 build, profiled
         self.kernels: dict = {}
         self.cubin_dir = Path(tempfile.mkdtemp(prefix="mk-cubins-"))
+        self.builds = builds   # where the session's builds made ahead lie (sandbox.build_ahead)
         self.baseline_us: dict[int, list[float]] = {}
 
     def _model(self, role: str, kernel):
@@ -66,10 +68,14 @@ class Worker:
 
     def evaluate(self, req) -> tuple[dict, bool]:
         """(EvalResult as dict, retire?). After a candidate ran, the worker's weights must be intact (also
-        when its profile failed after its checks and timing)."""
+        when its profile failed after its checks and timing, or its answers were wrong), and after a wrong
+        answer its CUDA context must still work."""
         from traces.results import Failure, FailureClass
 
         result, retire = self._evaluate(req)
+        failure = result.get("failure") or {}
+        if failure.get("cls") == FailureClass.wrong.value and not self._context_healthy():
+            retire = True
         if self.models and not retire:
             changed = self.guard.changed(reference=self.reference,
                                          **{f"{role}_model": m for role, m in self.models.items()})
@@ -82,7 +88,7 @@ class Worker:
     def _evaluate(self, req) -> tuple[dict, bool]:
         from traces.results import EvalResult, Failure, FailureClass
 
-        from .build import build_for_device
+        from .build import build_for_device, build_key
         from .candidate import Candidate, CandidateError
         from .checks import Checker
         from .profile import count_launches
@@ -91,7 +97,7 @@ class Worker:
         cand = Candidate(source=req.source, knobs=req.knobs)
         spec = self.task.spec
         try:
-            key = cand.key(f"{self.arch}|{self.task.defines()}|{self.info.cupy}|{self.info.cuda}")
+            key = build_key(self.task, cand, self.info)
         except CandidateError as e:
             res = EvalResult(task=spec.name, size=spec.size, key="", failure=Failure(
                 cls=FailureClass.build, phase="build", message=str(e)), device=self.info, worker_pid=os.getpid())
@@ -108,7 +114,8 @@ class Worker:
 
         send({"event": "phase", "phase": "build"})
         try:
-            build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, self.cubin_dir)
+            build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, self.cubin_dir,
+                                             ahead=self.builds)
             res.build, res.knobs = build, build.knobs
             if not build.ok:
                 res.failure = Failure(cls=FailureClass.build, phase="build", message=build.error)
@@ -129,7 +136,7 @@ class Worker:
                 res.check = checker.run(req.fresh_seeds)
                 if not res.check.passed:
                     res.failure = Failure(cls=FailureClass.wrong, phase="check", message=res.check.first_failure)
-                    return res.model_dump(), True
+                    return res.model_dump(), False
                 enter("launches")
                 ctx = spec.check_context_lengths[0]
                 hidden, state = self.task.make_inputs(spec.fixed_seeds[0], ctx, self.device)
@@ -138,7 +145,7 @@ class Worker:
                     res.failure = Failure(cls=FailureClass.wrong, phase="launches",
                                           message=f"{res.launches.kernels} kernel launches per step "
                                                   f"({', '.join(res.launches.names)}); exactly 1 is required")
-                    return res.model_dump(), True
+                    return res.model_dump(), False
             if req.time:
                 tspec = spec.timing
                 contexts = req.contexts or spec.context_lengths
@@ -161,7 +168,7 @@ class Worker:
                         res.failure = Failure(cls=FailureClass.wrong, phase="time",
                                               message=f"timed sample at ctx {ctx} (seed {bad.seed}, step "
                                                       f"{bad.verified_step} checked): {bad.message}")
-                        return res.model_dump(), True
+                        return res.model_dump(), False
             if req.profile:
                 enter("profile")
                 res.phases, res.failure = self._profile(cand, key, req.profile)
@@ -218,12 +225,13 @@ def main() -> None:
     ap.add_argument("--task", required=True)
     ap.add_argument("--size", default="full")
     ap.add_argument("--weight-seed", type=int, default=0)
+    ap.add_argument("--builds", type=Path, default=None, help="the folder of builds made ahead")
     args = ap.parse_args()
     PROTOCOL_OUT = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stray prints (compilers, libraries) go to the log, not the protocol
     sys.stdout = sys.stderr
     try:
-        worker = Worker(args.task, args.size, args.weight_seed)
+        worker = Worker(args.task, args.size, args.weight_seed, args.builds)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
         send({"event": "fatal", "message": f"{type(e).__name__}: {e}"})

@@ -52,10 +52,14 @@ class FakeSandbox:
         self.on_close = on_close or (lambda: None)
         self.device = DEVICE
         self.calls: list[tuple[Candidate, dict]] = []
+        self.prebuilt: list[list[Candidate]] = []   # what the session asked to build ahead, per proposal
         self.closed = False
 
     def start(self, *_):
         return self.device
+
+    def prebuild(self, candidates: list[Candidate]) -> None:
+        self.prebuilt.append(list(candidates))
 
     def evaluate(self, cand: Candidate, deadline: float | None = None, **options) -> EvalResult:
         self.calls.append((cand, options))

@@ -8,7 +8,8 @@ The request's source decides the behaviour:
 - INFRA: an infra failure marked retryable, retiring the worker (our side broke, not the candidate).
 - ENV_DUMP: writes this process's environment as JSON to $FAKE_WORKER_ENV_OUT.
 - anything else: a passing result.
-Before "ready": $FAKE_WORKER_NO_GPU sends the no-GPU fatal message, $FAKE_WORKER_GARBAGE_START a non-JSON line.
+Before "ready": $FAKE_WORKER_NO_GPU sends the no-GPU fatal message, $FAKE_WORKER_GARBAGE_START a non-JSON line;
+$FAKE_WORKER_CAPABILITY is the compute capability it reports (for building ahead on the CPU).
 Every result carries the worker's pid, so tests can tell a fresh worker from a reused one.
 """
 
@@ -59,7 +60,7 @@ def main():
     if os.environ.get("FAKE_WORKER_GARBAGE_START"):
         send(out, "Warning: something printed to the protocol stream")
     info = DeviceInfo(name="fake", sms=1, memory_gb=1, l2_mb=1, copy_tbs=1, driver="0", cuda="0", torch="0",
-                      cupy="0", capability="0.0")
+                      cupy="0", capability=os.environ.get("FAKE_WORKER_CAPABILITY", "0.0"))
     send(out, {"event": "ready", "pid": os.getpid(), "device": info.model_dump()})
     for line in sys.stdin:
         msg = json.loads(line)

@@ -85,7 +85,9 @@ def test_a_kernel_that_cheats_when_timed_is_refused_as_wrong(pool, name):
     if "clock" not in name:   # two checked launches may come within the clock cheat's window (the re-run case)
         assert res.check is not None and res.check.passed, "the cheat should look correct whenever it is checked"
         assert res.failure.phase == "time" and "timed sample" in res.failure.message
-    assert pool.evaluate(Candidate(source=SEED), time=False).ok   # the next candidate gets a clean worker
+    honest = pool.evaluate(Candidate(source=SEED), time=False)
+    assert honest.ok, honest.failure
+    assert honest.worker_pid == res.worker_pid   # weights intact, context healthy: a wrong answer costs no respawn
 
 
 def test_a_kernel_that_writes_into_weights_it_does_not_own_is_refused(pool):
@@ -98,6 +100,8 @@ def test_a_kernel_that_writes_into_weights_it_does_not_own_is_refused(pool):
     res = pool.evaluate(Candidate(source=scribble), time=False)
     assert res.failure is not None and res.failure.cls == FailureClass.wrong, res.failure
     assert res.failure.phase == "integrity" and "router" in res.failure.message
+    after = pool.evaluate(Candidate(source=SEED), time=False)
+    assert after.ok and after.worker_pid != res.worker_pid   # its worker was retired
 
 
 def test_an_include_of_a_host_file_is_refused_before_the_compiler_sees_it(pool):

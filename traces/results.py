@@ -48,6 +48,7 @@ class BuildResult(BaseModel):
     error: str = ""
     compiler: str = ""
     confinement: str = Field("", description="how the compiler process was confined (Landlock) or why it was not")
+    built_ahead: bool = Field(False, description="compiled on the CPU ahead of its evaluation, not in the worker")
 
 
 class TensorCheck(BaseModel):

@@ -90,3 +90,8 @@ class Planner(ABC):
 
     @abstractmethod
     def propose(self, view: PlannerView) -> PlannedVersion: ...
+
+    def upcoming(self, view: PlannerView, n: int) -> list[PlannedVersion]:
+        """Up to `n` versions this planner expects to propose next, as far as it can tell from `view` (the session
+        compiles them ahead on the CPU). No side effects and no tool calls. Default: it cannot tell."""
+        return []

@@ -21,6 +21,12 @@ class ReplayPlanner(Planner):
     def propose(self, view: PlannerView) -> PlannedVersion:
         if not self._queue:
             raise PlannerExhausted("every recorded proposal has been replayed")
-        p, source = self._queue.pop(0)
-        return PlannedVersion(source=source, knobs=dict(p.knobs), hypothesis=f"replay of {p.id}: {p.hypothesis}",
-                              predicted_change=p.predicted_change)
+        return _planned(*self._queue.pop(0))
+
+    def upcoming(self, view: PlannerView, n: int) -> list[PlannedVersion]:
+        return [_planned(p, source) for p, source in self._queue[:n]]
+
+
+def _planned(p, source: str) -> PlannedVersion:
+    return PlannedVersion(source=source, knobs=dict(p.knobs), hypothesis=f"replay of {p.id}: {p.hypothesis}",
+                          predicted_change=p.predicted_change)

@@ -13,6 +13,7 @@ with no phases) the declared order stands. Deterministic for a given seed (it ro
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from sandbox.candidate import Knob, parse_knobs, source_sha256
@@ -65,29 +66,38 @@ class TunerPlanner(Planner):
                             "two-knob steps; next-fastest version as base; then two-value moves around the best"}
 
     def propose(self, view: PlannerView) -> PlannedVersion:
+        planned = next(self._plans(view, profile=True), None)
+        if planned is None:
+            raise PlannerExhausted("every one- and two-knob move around every correct version, and every "
+                                   "two-value move around the best, has been evaluated")
+        return planned
+
+    def upcoming(self, view: PlannerView, n: int) -> list[PlannedVersion]:
+        """The next `n` moves in the order propose would take them if nothing were kept meanwhile (bases not yet
+        profiled keep the declared knob order here)."""
+        return list(itertools.islice(self._plans(view, profile=False), n))
+
+    def _plans(self, view: PlannerView, profile: bool):
+        """Every unevaluated move, in order: one value around each base (the best first), then two around the
+        best. With `profile`, a base is profiled (once) before its moves are ordered."""
         by_id = {v.id: v for v in view.archive}
         bases = [view.best_id] + [v.id for v in _fastest(view.archive) if v.id != view.best_id]
         for base in bases:
-            planned = self._around(view, by_id, base, reach=1)
-            if planned is not None:
-                return planned
-        planned = self._around(view, by_id, view.best_id, reach=2)
-        if planned is not None:
-            return planned
-        raise PlannerExhausted("every one- and two-knob move around every correct version, and every two-value "
-                               "move around the best, has been evaluated")
+            yield from self._around(view, by_id, base, 1, profile)
+        yield from self._around(view, by_id, view.best_id, 2, profile)
 
-    def _around(self, view: PlannerView, by_id: dict[str, ArchivedVersion], base: str, reach: int):
+    def _around(self, view: PlannerView, by_id: dict[str, ArchivedVersion], base: str, reach: int, profile: bool):
         source, explicit = self._base(view, base)
         declared = parse_knobs(source)
         if not declared:
-            return None
+            return
         point = {k.name: k.default for k in declared} | {k: v for k, v in explicit.items()
                                                           if k in {d.name for d in declared}}
         sha = source_sha256(source)
         seen = {_point(v.knobs) for v in view.archive if v.source_sha == sha and v.knobs}
         seen.add(_point(point))
-        gaps = phase_gaps(self._profiled(base, by_id), view.hardware.copy_tbs if view.hardware else 0.0)
+        entry = self._profiled(base, by_id) if profile else by_id[base]
+        gaps = phase_gaps(entry, view.hardware.copy_tbs if view.hardware else 0.0)
         ordered = knob_order(declared, gaps) if gaps else declared
         start = self.seed % len(ordered) if not gaps else 0
         ordered = ordered[start:] + ordered[:start]
@@ -95,11 +105,11 @@ class TunerPlanner(Planner):
             for new, moves in make(ordered, point, reach):
                 if _point(new) in seen:
                     continue
+                seen.add(_point(new))
                 why = f" (phase gaps: {_top(gaps)})" if gaps else ""
-                return PlannedVersion(
+                yield PlannedVersion(
                     source=source, knobs=new, parent_id=base,
                     hypothesis=f"{' and '.join(moves)} around {base}{why}", predicted_change=UNKNOWN)
-        return None
 
     def _base(self, view: PlannerView, base: str) -> tuple[str, dict[str, int]]:
         if base == view.best_id or self.tools is None:
