@@ -206,10 +206,10 @@ def test_routing_margin_and_tie_aware_tolerance_classes(model):
     assert len(model.routing_margins) == len(CFG.pattern) and all(m >= 0 for m in model.routing_margins)
 
     class OneTie:
-        routing_margins = [5.0, 0.5, 7.0, 9.0]   # branched by the checker: classes stay tight
+        routing_sets = [1, 2, 1, 1]   # branched by the checker: classes stay tight
 
     class FourTies:
-        routing_margins = [0.5, 1.0, 2.0, 3.0]   # three are branched, the fourth is not
+        routing_sets = [2, 3, 2, 2]   # three are branched, the fourth is not
 
     assert task.tensor_class("L2.cq", OneTie) == "later" and task.tensor_class("out", OneTie) == "out"
     assert task.tensor_class("L0.S", FourTies) == "S_first"
@@ -221,14 +221,15 @@ def test_routing_margin_and_tie_aware_tolerance_classes(model):
 @torch.no_grad()
 @torch.no_grad()
 def _route_with_levels(model, tied: int):
-    """Route with logits 100, 90, 80, ... (10 apart: far beyond 8 ulps) except that `tied` ranks from the
-    k-th down are equal; returns (sets offered, plain set, the sorted expert order)."""
+    """Route with logits 100, 90, 80, ... down to the (k+4)-th and that level below (10 apart: far beyond 8 ulps
+    and 0.07 std), except that `tied` ranks from the k-th down are equal; returns (sets offered, plain set, the
+    sorted expert order)."""
     moe, k = model.blocks[0].moe, CFG.n_active
     x = torch.zeros(CFG.hidden, dtype=torch.bfloat16)
     x[0] = 1.0
     saved = moe.router.weight.clone()
     try:
-        levels = 100.0 - 10.0 * torch.arange(CFG.n_experts, dtype=torch.float32)
+        levels = 100.0 - 10.0 * torch.arange(CFG.n_experts, dtype=torch.float32).clamp(max=k + 3)
         levels[k - 1 : k - 1 + tied] = levels[k - 1]
         order = torch.randperm(CFG.n_experts, generator=torch.Generator().manual_seed(0))
         moe.router.weight.zero_()
@@ -268,3 +269,14 @@ def test_upstream_stand_in_exposes_upstreams_names_with_fixed_weights():
         assert torch.equal(x, y), name
     hidden, _ = a.step(stand_in.init_token(CFG, 0, CPU), stand_in.init_state(CFG, 5, 0, CPU))
     assert hidden.shape == (CFG.hidden,) and torch.isfinite(hidden.float()).all()
+
+
+def test_a_gap_of_ten_ulps_below_one_is_a_tie_when_it_is_small_against_the_logits_spread():
+    """The H200 case (seed 1421383671, ctx 2060, layer 3): k-th logit 0.7656, next 0.7266 (10 ulps, 0.046 std);
+    the seed routed by the other side, and every tensor matched that branch."""
+    k = CFG.n_active
+    logits = torch.cat([torch.linspace(2.0, 0.9, k - 1), torch.tensor([0.765625, 0.7265625]),
+                        torch.linspace(0.6, -2.0, CFG.n_experts - k - 1)])
+    assert 0.0390625 < 0.07 * logits.std() and (0.765625 - 0.7265625) / ref.bf16_ulp(0.765625, 0.765625) == 10.0
+    assert len(ref.routing_sets(logits, k)) == 2
+    assert len(ref.routing_sets(logits, k, spread=0.0)) == 1   # 8 ulps alone: one set, the false alarm

@@ -25,8 +25,8 @@ from rich.table import Table
 from ..base import Task
 from . import baseline as baseline_mod
 from . import reference as reference_mod
-from .reference import bf16_ulp
-from .task import TIE_ULPS, KimiTask
+from .reference import TIE_ULPS, bf16_ulp
+from .task import KimiTask
 
 
 @contextlib.contextmanager

@@ -17,7 +17,8 @@ from .modules import KDA, MLA, Block, KimiBlocks, MoE, QuantExperts, QuantLinear
 from .quant import dequantize
 
 EPS = 1.0e-6
-TIE_ULPS = 8.0          # a top-k boundary this narrow (bf16 ulps) may legitimately resolve either way
+TIE_ULPS = 8.0          # a top-k boundary this narrow (bf16 ulps of the k-th logit) may resolve either way,
+TIE_SPREAD = 0.07       # and so may one narrower than this share of the logits' standard deviation (see routing_sets)
 MAX_SETS_PER_LAYER = 8  # valid expert sets considered at one near-tie layer (the plain one included)
 BF16 = torch.bfloat16
 
@@ -103,11 +104,16 @@ def mla_step(attn: MLA, cfg, x: torch.Tensor, st: dict) -> torch.Tensor:
     return linear(attn.o_proj, o.reshape(h * cfg.v_head).to(BF16))
 
 
-def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS) -> list[list[int]]:
+def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS, spread: float = TIE_SPREAD
+                 ) -> list[list[int]]:
     """Every top-k expert set a faithful implementation may choose: the experts above the k-th logit by more
-    than `ulps` bf16 ulps are in every set, and any of those within `ulps` of it may fill the remaining
-    places (an implementation that sums a logit in another order may round it an ulp or more apart). The
-    first set is the plain top-k (equal logits to the lower index); at most MAX_SETS_PER_LAYER are given."""
+    than the tie band are in every set, and any of those within the band of it may fill the remaining places.
+    The band is the wider of `ulps` bf16 ulps at the k-th logit (a logit summed in another order rounds an ulp
+    or more apart) and `spread` x the logits' standard deviation: a kernel whose router input is within the
+    state tolerances (~1% off in bf16) moves every logit by about 1% of that deviation, whatever the binade.
+    On the H200 the seed swapped the k-th expert at a 10-ulp gap of 0.039 (0.046 std) at a k-th logit of 0.77,
+    where 8 ulps are only 0.037 std; at logits in [1, 2) 8 ulps are ~0.07 std and never raised a false alarm.
+    The first set is the plain top-k (equal logits to the lower index); at most MAX_SETS_PER_LAYER are given."""
     values = logits.float().tolist()
     order = sorted(range(len(values)), key=lambda e: (-values[e], e))
     if k >= len(values):
@@ -115,7 +121,7 @@ def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS) -> list[l
     kth = values[order[k - 1]]
     if not math.isfinite(kth):
         return [order[:k]]   # garbage in (a candidate's non-finite state): no tie to resolve
-    tol = ulps * bf16_ulp(kth, kth)
+    tol = max(ulps * bf16_ulp(kth, kth), spread * float(logits.float().std()))
     certain = [e for e in order if values[e] > kth + tol]
     uncertain = [e for e in order if abs(values[e] - kth) <= tol]
     combos = itertools.islice(itertools.combinations(uncertain, k - len(certain)), MAX_SETS_PER_LAYER)

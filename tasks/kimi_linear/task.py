@@ -16,7 +16,7 @@ from .bytes_model import phase_bytes as bytes_by_phase
 from .config import CONFIGS
 from .inputs import build_model, init_state, init_token
 from .megakernel import MegakernelModel, kernel_defines, kernel_prelude
-from .reference import TIE_ULPS, ReferenceModel
+from .reference import ReferenceModel
 
 MAX_TIE_BRANCHES = 3    # near-tie layers whose alternative routing is evaluated (beyond them: after_tie)
 MAX_TIE_VARIANTS = 15   # reference runs at most, over every valid expert set of those layers
@@ -25,7 +25,8 @@ TOLERANCE_NOTE = (
     "against the fp32 reference (H200: ~0.015 output, ~0.004 S, ~0.010 conv window, ~0.014 appended "
     "cache row; re-measure with `python -m tasks.kimi_linear.calibrate`). Layer-0 states see no MoE "
     "before them: 0.015 (S), 0.03 (conv). Later tensors and the output: 0.05. When the reference's "
-    "top-k margin at a layer is within 8 bf16 ulps, the experts within 8 ulps of the k-th logit may "
+    "top-k margin at a layer is within the tie band (the wider of 8 bf16 ulps at the k-th logit and 0.07 of "
+    "the logits' standard deviation: reference.routing_sets), the experts within the band may "
     "fill the top-k's last places in any combination: the baseline itself moves such a margin by up "
     "to 6 ulps (`calibrate --device cpu --seeds 40 --ctx 3001`: 156 layer samples, median 1, p99 6, "
     "max 6), and the megakernel's failed checks on the H200 matched every tensor before one MoE layer "
@@ -120,7 +121,7 @@ class KimiTask(Task):
 
     def tensor_class(self, name: str, reference=None) -> str:
         layer = len(self.cfg.pattern) if name == "out" else int(name[1 : name.index(".")])
-        unbranched = _near_ties(getattr(reference, "routing_margins", []))[MAX_TIE_BRANCHES:]
+        unbranched = _near_ties(getattr(reference, "routing_sets", []))[MAX_TIE_BRANCHES:]
         if unbranched and layer > unbranched[0]:
             return "after_tie"
         if name == "out":
@@ -181,6 +182,6 @@ class KimiTask(Task):
 
 
 
-def _near_ties(margins: list[float]) -> list[int]:
-    """Layers whose k-th and (k+1)-th router logits lie within TIE_ULPS (their top-k set is ambiguous)."""
-    return [i for i, m in enumerate(margins) if m <= TIE_ULPS]
+def _near_ties(sets: list[int]) -> list[int]:
+    """Layers whose top-k set is ambiguous: more than one valid expert set (reference.routing_sets)."""
+    return [i for i, n in enumerate(sets) if n > 1]

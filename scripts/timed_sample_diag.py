@@ -1,0 +1,78 @@
+"""Explain a refused timed sample of the Kimi seed: replay its chain to the verified step, then compare the
+kernel's step with the reference routed by every set that swaps the top-k's last places at one layer
+(however wide the margin), printing each layer's router logits around the boundary.
+
+Usage: python scripts/timed_sample_diag.py SEED CTX STEP [KERNEL.cu]   (weights seed 0, as the worker uses)
+A match with a swap whose margin lies outside the checker's tie band means the band is too narrow for this
+kernel's rounding; no match anywhere means the kernel is wrong at this input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from sandbox import timing  # noqa: E402
+from sandbox.candidate import Candidate  # noqa: E402
+from sandbox.checks import compare  # noqa: E402
+from tasks.base import clone_state  # noqa: E402
+from tasks.kimi_linear import reference as ref_mod  # noqa: E402
+from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from tasks.kimi_linear.task import KimiTask  # noqa: E402
+
+DEV = torch.device("cuda:0")
+
+
+def router_inputs(ref, hidden, state) -> list[torch.Tensor]:
+    """Each layer's router logits on the reference's own path from (hidden, state)."""
+    logits, st = [], clone_state(state)
+    for blk, layer in zip(ref.blocks, st, strict=True):
+        attn = ref_mod.kda_step if blk.kind == "K" else ref_mod.mla_step
+        h = hidden + attn(blk.attn, ref.cfg, ref_mod.rmsnorm(hidden, blk.attn_norm), layer)
+        x = ref_mod.rmsnorm(h, blk.moe_norm)
+        logits.append(F.linear(x, blk.moe.router.weight).float())
+        hidden = h + ref_mod.moe_step(blk.moe, ref.cfg, x)
+    return logits
+
+
+def main() -> None:
+    seed, ctx, step = (int(a) for a in sys.argv[1:4])
+    path = Path(sys.argv[4]) if len(sys.argv) > 4 else ROOT / "kernels/kimi_linear/seed.cu"
+    task = KimiTask("full")
+    source = path.read_text()
+    knobs = Candidate(source=source).resolved_knobs()
+    ref = task.build_reference(DEV, 0)
+    model = task.build_candidate(ref, build_megakernel(source, task.cfg, {k: str(v) for k, v in knobs.items()}))
+    tokens, state = timing._chain(task, seed, ctx, step + 1, DEV)
+    for token in tokens[:step]:
+        _, state = model.step(token, state)
+    before = clone_state(state)
+    out, after = model.step(tokens[step].clone(), clone_state(before))
+    got = task.observables(out, after, ctx + step)
+    k = task.cfg.n_active
+    for i, logits in enumerate(router_inputs(ref, tokens[step], before)):
+        top = torch.sort(logits, descending=True).values[: k + 3].tolist()
+        ulp = ref_mod.bf16_ulp(top[k - 1], top[k - 1])
+        print(f"layer {i}: logits k-2..k+2 {[round(v, 5) for v in top[k - 3:k + 2]]}  std {logits.std().item():.4f}  "
+              f"margin {(top[k - 1] - top[k]) / ulp:.1f} ulps of the k-th ({ulp:.2e})")
+    valid = ref_mod.routing_sets
+    ref_mod.routing_sets = lambda logits, kk, ulps=None: valid(logits, kk, ulps=1e9)
+    try:
+        rows = [("plain", None)] + [(f"layer {layer} set {j + 1}", {layer: j}) for layer in range(4) for j in (1, 2, 3)]
+        for label, choices in rows:
+            o_r, s_r = ref.step(tokens[step].clone(), clone_state(before), choices=choices)
+            want = task.observables(o_r, s_r, ctx + step)
+            checks = [compare(n, got[n], want[n], task) for n in ("out", "L3.c_kv_row", "L2.S", "L1.S")]
+            print(f"  {label:16s} " + "  ".join(f"{c.name} {c.rel_l2:.4f}" for c in checks))
+    finally:
+        ref_mod.routing_sets = valid
+
+
+if __name__ == "__main__":
+    main()
