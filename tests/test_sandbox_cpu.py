@@ -5,6 +5,7 @@ import os
 import time
 
 import pytest
+import torch
 
 from sandbox.candidate import Candidate, CandidateError, parse_knobs, resolve_knobs
 from sandbox.pool import Evaluator
@@ -141,3 +142,20 @@ def test_knob_lines_are_matched_within_their_line_and_sources_are_capped():
     assert [k.name for k in parse_knobs("\n" * 1000 + text)] == ["A"]
     with pytest.raises(CandidateError, match="at most"):
         parse_knobs("x" * (MAX_SOURCE_CHARS + 1))
+
+
+def test_the_weight_guard_sees_one_flipped_bit_in_any_weight():
+    from sandbox.integrity import WeightGuard
+
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.randn(64, 33, dtype=torch.bfloat16), requires_grad=False)
+    model.register_buffer("packed", torch.randint(0, 255, (1001,), dtype=torch.uint8))   # not a whole word
+    guard = WeightGuard(model)
+    assert guard.changed(reference=model) == []
+    with torch.no_grad():
+        model.w.view(torch.int16)[17, 5] ^= 1
+    assert guard.changed(reference=model, other=model) == ["reference: w", "other: w"]
+    with torch.no_grad():
+        model.w.view(torch.int16)[17, 5] ^= 1
+        model.packed[1000] ^= 128
+    assert guard.changed(reference=model) == ["reference: packed"]
