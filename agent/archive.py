@@ -12,9 +12,9 @@ import json
 
 from pydantic import BaseModel
 
-from sandbox.candidate import Candidate, CandidateError
-from traces.loader import Trace
-from traces.results import EvalResult, PhaseTimeline
+from megakernel_agent.sandbox.candidate import Candidate, CandidateError
+from megakernel_agent.traces.loader import Trace
+from megakernel_agent.traces.results import EvalResult, PhaseTimeline
 
 CORRECT = ("measured", "kept", "slower")
 OWN_FAILURES = ("wrong", "build", "crash", "timeout")

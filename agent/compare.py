@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from sandbox.report import check_summary
-from sandbox.stats import verdict
-from tasks.base import Task
-from traces.diffs import diff_text
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.report import check_summary
+from megakernel_agent.sandbox.stats import verdict
+from megakernel_agent.tasks.base import Task
+from megakernel_agent.traces.diffs import diff_text
 
 from .errors import BadInput
 from .preflight import check_kernel, load_trace, parse_knob, read_kernel

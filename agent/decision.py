@@ -7,8 +7,8 @@ import math
 
 from pydantic import BaseModel
 
-from sandbox.stats import ratio_interval
-from traces.results import EvalResult
+from megakernel_agent.sandbox.stats import ratio_interval
+from megakernel_agent.traces.results import EvalResult
 
 MIN_GAIN = 0.01
 RULE = (f"keep iff every check passed, the 95% bootstrap interval of best/candidate median time lies above "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from traces.results import CheckCase, EvalResult, TensorCheck
+from megakernel_agent.traces.results import CheckCase, EvalResult, TensorCheck
 
 
 def layer_of(name: str) -> int:

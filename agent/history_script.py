@@ -8,7 +8,7 @@ before the big changes, a profile after one, a compare of the end against the st
 are mixed in: one that gives a wrong result, one that does not compile (diagnosed, then repaired), and a
 knob change expected to be slower.
 
-Usage: python -m agent.history_script START_COMMIT [END_COMMIT] --out DIR
+Usage: python -m megakernel_agent.agent.history_script START_COMMIT [END_COMMIT] --out DIR
 Writes DIR/script.jsonl and DIR/start.cu (the START_COMMIT version, the session's starting kernel).
 """
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sandbox.build import compile_only
-from sandbox.candidate import Candidate, CandidateError, validate
-from sandbox.source_rules import logical_lines
-from tasks.base import Task
-from tasks.registry import get_task
-from traces.loader import Trace, TraceError, load
-from traces.results import BuildResult
-from traces.schema import SessionStart
+from megakernel_agent.sandbox.build import compile_only
+from megakernel_agent.sandbox.candidate import Candidate, CandidateError, validate
+from megakernel_agent.sandbox.source_rules import logical_lines
+from megakernel_agent.tasks.base import Task
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.loader import Trace, TraceError, load
+from megakernel_agent.traces.results import BuildResult
+from megakernel_agent.traces.schema import SessionStart
 
 from .errors import BadInput
 

@@ -6,11 +6,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from sandbox.stats import verdict
-from traces.loader import Trace
-from traces.results import EvalResult
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.stats import verdict
+from megakernel_agent.traces.loader import Trace
+from megakernel_agent.traces.results import EvalResult
 
 
 def versions_of(trace: Trace, kept_only: bool) -> list[tuple[str, EvalResult | None]]:

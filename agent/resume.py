@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.spec import TaskSpec
-from traces.loader import Attempt, Trace
-from traces.schema import Proposal
+from megakernel_agent.tasks.spec import TaskSpec
+from megakernel_agent.traces.loader import Attempt, Trace
+from megakernel_agent.traces.schema import Proposal
 
 from .errors import ResumeMismatch
 from .planners.base import PlannedVersion

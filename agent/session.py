@@ -24,12 +24,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandbox.candidate import Candidate, parse_knobs, with_knob_defaults
-from tasks.base import ROOT, Task
-from traces.loader import Trace
-from traces.recorder import Recorder, TraceInUse, TraceWriteError
-from traces.results import EvalResult, Failure, FailureClass
-from traces.schema import (
+from megakernel_agent.sandbox.candidate import Candidate, parse_knobs, with_knob_defaults
+from megakernel_agent.tasks.base import ROOT, Task
+from megakernel_agent.traces.loader import Trace
+from megakernel_agent.traces.recorder import Recorder, TraceInUse, TraceWriteError
+from megakernel_agent.traces.results import EvalResult, Failure, FailureClass
+from megakernel_agent.traces.schema import (
     LLM_EVENTS,
     Build,
     Decision,

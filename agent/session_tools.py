@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from sandbox.candidate import Candidate
-from traces.results import EvalResult
-from traces.schema import Evaluate, Note, ToolCall
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.traces.results import EvalResult
+from megakernel_agent.traces.schema import Evaluate, Note, ToolCall
 
 from . import source_view
 from .compare import Version as CompareVersion

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tasks.base import Task
-from traces.results import BuildResult, DeviceInfo, Resources
+from megakernel_agent.tasks.base import Task
+from megakernel_agent.traces.results import BuildResult, DeviceInfo, Resources
 
 from .candidate import Candidate, CandidateError, validate
 from .compiler import CompileLimits, CompileOutput, compile_cuda, nvrtc_options
@@ -89,7 +89,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result.
     With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones. A build made
     ahead (in the folder `ahead`, under the same key) is loaded instead of compiled again."""
-    from tasks.cuda_runtime import driver, load_kernel
+    from megakernel_agent.tasks.cuda_runtime import driver, load_kernel
 
     t0 = time.perf_counter()
     key = instrumented_key(key, instruments)

@@ -16,8 +16,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tasks.base import Task
-from traces.results import DeviceInfo
+from megakernel_agent.tasks.base import Task
+from megakernel_agent.traces.results import DeviceInfo
 
 from .build import BuiltAhead, build_key, compile_candidate
 from .candidate import Candidate, CandidateError

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from tasks.base import Task
-from traces.results import CheckCase, CheckResult, TensorCheck
+from megakernel_agent.tasks.base import Task
+from megakernel_agent.traces.results import CheckCase, CheckResult, TensorCheck
 
 
 def compare(name: str, got: torch.Tensor, want: torch.Tensor, task: Task, slack: float = 1.0,

@@ -19,11 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from pydantic import BaseModel
 
-ROOT = Path(__file__).resolve().parent.parent
+from megakernel_agent import IMPORT_ROOT
+
 CANDIDATE_FILE = "candidate.cu"
 PRELUDE_FILE = "task_prelude.cu"
 DIAGNOSTIC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<rest>.*)$")
@@ -87,7 +87,7 @@ def _scratch_home() -> str:
 def child_environment() -> dict[str, str]:
     """Nothing from the caller's environment but what finding NVRTC and our module needs."""
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": _scratch_home(), "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+           "PYTHONPATH": os.pathsep.join(p for p in (str(IMPORT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     env.update({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
     return env
 
@@ -104,8 +104,9 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
     t0 = time.perf_counter()
     # in the caller's process group (a worker's group dies with its session); the child ties its life to the
     # caller's (no preexec_fn: the caller may be threaded, e.g. building ahead)
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox.compile_child", str(os.getpid())], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_environment(), cwd="/")
+    proc = subprocess.Popen([sys.executable, "-m", "megakernel_agent.sandbox.compile_child", str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_environment(), cwd="/")
     try:
         out, err = proc.communicate(json.dumps(request).encode(), timeout=limits.seconds)
     except subprocess.TimeoutExpired:

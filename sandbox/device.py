@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from traces.results import DeviceInfo
+from megakernel_agent.traces.results import DeviceInfo
 
 
 def measure_copy_tbs(device: torch.device, nbytes: int = 2 << 30, repeats: int = 10) -> float:

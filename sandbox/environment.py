@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from traces.redaction import looks_secret
+from megakernel_agent.traces.redaction import looks_secret
 
 ALLOWED_NAMES = frozenset({"PATH", "HOME", "USER", "LANG", "TMPDIR", "TERM", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH",
                            "MK_ALLOW_UNCONFINED_COMPILER"})   # the compiler's opt-in on hosts without Landlock

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from traces.results import PhaseRow, PhaseTimeline
+from megakernel_agent.traces.results import PhaseRow, PhaseTimeline
 
 STAMPED_BUILD = {"PHASE_STAMPS": "1"}   # the instrument switch
 MAX_STAMPS, MAX_STAMP_BLOCKS = 128, 1024

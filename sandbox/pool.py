@@ -21,8 +21,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tasks.registry import get_task
-from traces.results import DeviceInfo, EvalResult, Failure, FailureClass
+from megakernel_agent import IMPORT_ROOT
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.results import DeviceInfo, EvalResult, Failure, FailureClass
 
 from .build import failed_build
 from .build_ahead import BuildAhead
@@ -40,7 +41,6 @@ from .protocol import (
     parse_message,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 MAX_LINE = 64 << 20  # a worker that streams bytes without a newline is broken, not slow
 
 
@@ -109,7 +109,7 @@ class Evaluator:
     """
 
     def __init__(self, task: str, size: str = "full", weight_seed: int = 0, work_dir: Path | None = None,
-                 timeouts: PhaseTimeouts | None = None, worker_module: str = "sandbox.worker",
+                 timeouts: PhaseTimeouts | None = None, worker_module: str = "megakernel_agent.sandbox.worker",
                  extra_env: Mapping[str, str] | None = None, build_ahead: int = 0):
         self.task, self.size, self.weight_seed = task, size, weight_seed
         self.worker_module = worker_module
@@ -122,7 +122,7 @@ class Evaluator:
         self._rng = random.SystemRandom()
         self._ahead = BuildAhead(get_task(task, size), self.work_dir / "builds", build_ahead) if build_ahead else None
         self._env = worker_environment({
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join([str(IMPORT_ROOT), os.environ.get("PYTHONPATH", "")]),
             "CUPY_CACHE_DIR": str(self.work_dir / "cupy-cache"), "PYTHONUNBUFFERED": "1", **(extra_env or {})})
 
     # ---- lifecycle ----
@@ -140,11 +140,11 @@ class Evaluator:
         log_path, log_fd = self._new_log()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sandbox.lifeline", str(os.getpid()),
+                [sys.executable, "-m", "megakernel_agent.sandbox.lifeline", str(os.getpid()),
                  sys.executable, "-m", self.worker_module, "--task", self.task, "--size", self.size,
                  "--weight-seed", str(self.weight_seed),
                  *(["--builds", str(self._ahead.folder)] if self._ahead else [])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, cwd=ROOT, env=self._env,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, cwd=IMPORT_ROOT, env=self._env,
                 start_new_session=True,
             )
         finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tasks.base import Task
-from traces.results import LaunchCount, PhaseTimeline
+from megakernel_agent.tasks.base import Task
+from megakernel_agent.traces.results import LaunchCount, PhaseTimeline
 
 from .phases import MAX_STAMP_BLOCKS, check_stamps, marked_phases, phase_timeline, stamp_area, step_phases
 

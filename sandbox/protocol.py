@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError
 
-from traces.results import DeviceInfo, EvalResult
+from megakernel_agent.traces.results import DeviceInfo, EvalResult
 
 
 class PhaseTimeouts(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from traces.results import EvalResult, PhaseTimeline
+from megakernel_agent.traces.results import EvalResult, PhaseTimeline
 
 
 def check_summary(res: EvalResult) -> str:

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from tasks.base import Task, clone_state
-from traces.results import SampleCheck, TimingResult
+from megakernel_agent.tasks.base import Task, clone_state
+from megakernel_agent.traces.results import SampleCheck, TimingResult
 
 from .checks import describe, worst_line
 from .stats import spread

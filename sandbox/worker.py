@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from .integrity import WeightGuard
 
 if TYPE_CHECKING:
-    from traces.results import Failure, PhaseTimeline
+    from megakernel_agent.traces.results import Failure, PhaseTimeline
 
 PROTOCOL_OUT = None
 
@@ -37,7 +37,7 @@ class Worker:
     def __init__(self, task_name: str, size: str, weight_seed: int, builds: Path | None = None):
         import torch
 
-        from tasks.registry import get_task
+        from megakernel_agent.tasks.registry import get_task
 
         from .device import device_info
 
@@ -70,7 +70,7 @@ class Worker:
         """(EvalResult as dict, retire?). After a candidate ran, the worker's weights must be intact (also
         when its profile failed after its checks and timing, or its answers were wrong), and after a wrong
         answer its CUDA context must still work."""
-        from traces.results import Failure, FailureClass
+        from megakernel_agent.traces.results import Failure, FailureClass
 
         result, retire = self._evaluate(req)
         failure = result.get("failure") or {}
@@ -86,7 +86,7 @@ class Worker:
         return result, retire
 
     def _evaluate(self, req) -> tuple[dict, bool]:
-        from traces.results import EvalResult, Failure, FailureClass
+        from megakernel_agent.traces.results import EvalResult, Failure, FailureClass
 
         from .build import build_for_device, build_key
         from .candidate import Candidate, CandidateError
@@ -189,7 +189,7 @@ class Worker:
     def _profile(self, cand, key: str, contexts: list[int]) -> tuple[list[PhaseTimeline], Failure | None]:
         """(phase timelines at `contexts`, None), from the candidate's stamped build on a model of its own; or
         ([], the Failure) when the task declares no phases or the build or its stamps do not fit them."""
-        from traces.results import Failure, FailureClass
+        from megakernel_agent.traces.results import Failure, FailureClass
 
         from .build import build_for_device
         from .phases import STAMPED_BUILD, PhaseStampError

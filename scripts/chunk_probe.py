@@ -25,10 +25,10 @@ import numpy  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.config import FULL  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import kernel_defines, kernel_prelude  # noqa: E402
 from scripts.stream_probe import time_launches  # noqa: E402
-from tasks.kimi_linear.config import FULL  # noqa: E402
-from tasks.kimi_linear.megakernel import kernel_defines, kernel_prelude  # noqa: E402
 
 PROBE = r"""
 __device__ const unsigned long long probe_smem_bytes = SM_GEMV_BYTES, probe_chunk_bytes = RING_SLOT;

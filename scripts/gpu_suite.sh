@@ -11,8 +11,8 @@ render() {  # pretty-print an EvalResult JSON file
 import sys
 sys.path.insert(0, ".")
 from rich.console import Console
-from sandbox.report import print_eval
-from traces.results import EvalResult
+from megakernel_agent.sandbox.report import print_eval
+from megakernel_agent.traces.results import EvalResult
 print_eval(EvalResult.model_validate_json(open(sys.argv[1]).read()), Console(width=170))
 PY
 }
@@ -82,7 +82,7 @@ for step in "$@"; do
       tail -3 "$OUT/kimi_tests.out"; tail -9 "$OUT/upstream.out"; tail -3 "$OUT/agent_tests.out"
       tail -3 "$OUT/sandbox_tests.out"; tail -3 "$OUT/cheats_tests.out"
       rm -f "$OUT"/*.out "$OUT"/*.err ;;   # at most 8 files come back from the device
-    calib) timeout 300 python3 -m tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
+    calib) timeout 300 python3 -m megakernel_agent.tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

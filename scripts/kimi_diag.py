@@ -18,10 +18,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from sandbox.candidate import Candidate  # noqa: E402
-from sandbox.checks import compare  # noqa: E402
-from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
-from tasks.kimi_linear.task import KimiTask  # noqa: E402
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.checks import compare  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
 
 def main() -> None:

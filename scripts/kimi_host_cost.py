@@ -27,8 +27,8 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from sandbox.candidate import Candidate  # noqa: E402
-from tasks.cuda_runtime import (  # noqa: E402
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.tasks.cuda_runtime import (  # noqa: E402
     CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
     LaunchAttribute,
     LaunchConfig,
@@ -36,9 +36,9 @@ from tasks.cuda_runtime import (  # noqa: E402
     current_stream,
     driver,
 )
-from tasks.kimi_linear.abi import params_type  # noqa: E402
-from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
-from tasks.kimi_linear.task import KimiTask  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.abi import params_type  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
 EMPTY_KERNELS = r"""
 struct Big { unsigned long long w[BIG_WORDS]; };

@@ -17,10 +17,10 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from sandbox.candidate import Candidate  # noqa: E402
-from sandbox.timing import time_steps  # noqa: E402
-from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
-from tasks.kimi_linear.task import KimiTask  # noqa: E402
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.timing import time_steps  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
 VARIANTS = {"full": {}, "skip attention": {"SKIP_ATTN": "1"}, "skip MoE": {"SKIP_MOE": "1"},
             "barriers only": {"SKIP_ATTN": "1", "SKIP_MOE": "1"}}

@@ -31,13 +31,13 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from sandbox.candidate import Candidate  # noqa: E402
-from sandbox.phases import CHUNK_EVENTS, EVENTS, STAMPED_BUILD  # noqa: E402
-from sandbox.profile import PROFILE_STEPS, profile_phases  # noqa: E402
-from sandbox.report import phase_table  # noqa: E402
-from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
-from tasks.kimi_linear.task import KimiTask  # noqa: E402
-from traces.results import PhaseTimeline  # noqa: E402
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.phases import CHUNK_EVENTS, EVENTS, STAMPED_BUILD  # noqa: E402
+from megakernel_agent.sandbox.profile import PROFILE_STEPS, profile_phases  # noqa: E402
+from megakernel_agent.sandbox.report import phase_table  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
+from megakernel_agent.traces.results import PhaseTimeline  # noqa: E402
 
 SHOWN_CHUNKS = 6
 CHUNK_KEYS = [f"c{k} {e}" for k in range(SHOWN_CHUNKS) for e in CHUNK_EVENTS]

@@ -18,13 +18,13 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from sandbox import timing  # noqa: E402
-from sandbox.candidate import Candidate  # noqa: E402
-from sandbox.checks import compare  # noqa: E402
-from tasks.base import clone_state  # noqa: E402
-from tasks.kimi_linear import reference as ref_mod  # noqa: E402
-from tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
-from tasks.kimi_linear.task import KimiTask  # noqa: E402
+from megakernel_agent.sandbox import timing  # noqa: E402
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.checks import compare  # noqa: E402
+from megakernel_agent.tasks.base import clone_state  # noqa: E402
+from megakernel_agent.tasks.kimi_linear import reference as ref_mod  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
 DEV = torch.device("cuda:0")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks.kimi_linear.config import build_config  # noqa: E402
-from tasks.kimi_linear.inputs import init_state, init_token, random_weights_  # noqa: E402
-from tasks.kimi_linear.reference import ReferenceModel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.config import build_config  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.inputs import init_state, init_token, random_weights_  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel  # noqa: E402
 
 __all__ = ["Model", "build_config", "init_state", "init_token"]
 

@@ -39,7 +39,7 @@ class Task(ABC):
     def seed_source(self) -> str:
         """The seed kernel, read as package data: the same text from a checkout and from an installed wheel."""
         inside = PurePosixPath(self.spec.seed_kernel).relative_to("kernels")
-        return (resources.files("kernels") / inside.as_posix()).read_text()
+        return (resources.files("megakernel_agent.kernels") / inside.as_posix()).read_text()
 
     # ---- GPU side ----
     @abstractmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from agent.scripted_model import MessagesServer
+from megakernel_agent.agent.scripted_model import MessagesServer
 
 _ids = itertools.count(1000)
 

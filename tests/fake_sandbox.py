@@ -11,8 +11,16 @@ import statistics
 import time
 from collections.abc import Callable
 
-from sandbox.candidate import Candidate
-from traces.results import BuildResult, CheckResult, EvalResult, Failure, FailureClass, Resources, TimingResult
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.traces.results import (
+    BuildResult,
+    CheckResult,
+    EvalResult,
+    Failure,
+    FailureClass,
+    Resources,
+    TimingResult,
+)
 
 from .trace_fixtures import DEVICE
 

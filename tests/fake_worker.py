@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from traces.results import DeviceInfo, EvalResult, Failure, FailureClass
+from megakernel_agent.traces.results import DeviceInfo, EvalResult, Failure, FailureClass
 
 MALFORMED = {
     "GARBAGE": "Segmentation fault (core dumped)",

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from agent.planners.anthropic_planner import AnthropicPlanner
-from agent.planners.prices import Price, UnknownModelPrice, parse_price, price_for
-from agent.session import Session
-from tasks.registry import get_task
-from traces.loader import load
-from traces.results import BuildResult, FailureClass
+from megakernel_agent.agent.planners.anthropic_planner import AnthropicPlanner
+from megakernel_agent.agent.planners.prices import Price, UnknownModelPrice, parse_price, price_for
+from megakernel_agent.agent.session import Session
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.loader import load
+from megakernel_agent.traces.results import BuildResult, FailureClass
 
 from .fake_anthropic import FakeAnthropic, calls, error, message, tool_use
 from .fake_sandbox import FakeSandbox, failed, timed
@@ -234,8 +234,8 @@ def test_a_resumed_session_starts_from_the_recorded_spend(tmp_path):
 
 
 def test_the_profile_tool_shows_the_phase_timeline_and_records_it(tmp_path):
-    from traces.phases import timelines_of
-    from traces.results import PhaseRow, PhaseTimeline
+    from megakernel_agent.traces.phases import timelines_of
+    from megakernel_agent.traces.results import PhaseRow, PhaseTimeline
 
     def profiled(cand, opts):
         res = sandbox(cand, opts)
@@ -257,7 +257,7 @@ def test_the_profile_tool_shows_the_phase_timeline_and_records_it(tmp_path):
 
 
 def test_the_notebook_reaches_the_trace_and_the_report(tmp_path):
-    from traces.report import write_report
+    from megakernel_agent.traces.report import write_report
 
     script = [calls(("note", {"kind": "prediction", "text": "unroll 8: -10 us from fewer loop branches",
                               "refs": ["seed"]}),

@@ -5,14 +5,14 @@ import time
 
 import pytest
 
-import agent.session as session_mod
-from agent.planners.base import PlannedVersion, Planner, PlannerExhausted
-from agent.planners.tuner import TunerPlanner
-from agent.session import Session, StartError
-from sandbox.candidate import Candidate, parse_knobs
-from tasks.registry import get_task
-from traces.loader import load
-from traces.results import FailureClass
+import megakernel_agent.agent.session as session_mod
+from megakernel_agent.agent.planners.base import PlannedVersion, Planner, PlannerExhausted
+from megakernel_agent.agent.planners.tuner import TunerPlanner
+from megakernel_agent.agent.session import Session, StartError
+from megakernel_agent.sandbox.candidate import Candidate, parse_knobs
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.loader import load
+from megakernel_agent.traces.results import FailureClass
 
 from .fake_sandbox import FakeSandbox, failed, timed
 
@@ -202,9 +202,9 @@ def test_project_commit_prefers_the_stated_commit_marks_a_dirty_tree_and_needs_i
 
 
 def test_tuner_orders_knobs_by_the_phase_with_the_largest_gap_to_its_floor():
-    from agent.archive import ArchivedVersion
-    from agent.planners.tuner import knob_order, phase_gaps
-    from traces.results import PhaseRow, PhaseTimeline
+    from megakernel_agent.agent.archive import ArchivedVersion
+    from megakernel_agent.agent.planners.tuner import knob_order, phase_gaps
+    from megakernel_agent.traces.results import PhaseRow, PhaseTimeline
 
     knobs = parse_knobs("// @knob KSPLIT_KDA 3 {2,3} K slices of the KDA q/k/v/g projections\n"
                         "// @knob PREFETCH 1 {0,1} issue the next phase's first chunk early\n"
@@ -219,7 +219,7 @@ def test_tuner_orders_knobs_by_the_phase_with_the_largest_gap_to_its_floor():
 
 
 def test_tuner_profiles_its_base_and_moves_on_to_the_next_fastest_version(tmp_path):
-    from traces.results import PhaseRow, PhaseTimeline
+    from megakernel_agent.traces.results import PhaseRow, PhaseTimeline
 
     def script(cand, opts):
         if opts.get("profile"):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agent.budget import parse_duration
+from megakernel_agent.agent.budget import parse_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("30m", 1800), ("90s", 90), ("1h30m", 5400), ("600", 600),

@@ -3,15 +3,15 @@ judged without a worker, and the session handing the planner's next proposals to
 
 from pathlib import Path
 
-from agent.planners.tuner import TunerPlanner
-from agent.session import Session
-from sandbox.build import build_key, built_ahead
-from sandbox.build_ahead import BuildAhead
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from tasks.registry import get_task
+from megakernel_agent.agent.planners.tuner import TunerPlanner
+from megakernel_agent.agent.session import Session
+from megakernel_agent.sandbox.build import build_key, built_ahead
+from megakernel_agent.sandbox.build_ahead import BuildAhead
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.results import FailureClass
 from tests.fake_sandbox import DEVICE, FakeSandbox, timed
-from traces.results import FailureClass
 
 GEMV = get_task("w4a16_gemv", "small")
 H100_LIKE = DEVICE.model_copy(update={"capability": "9.0"})

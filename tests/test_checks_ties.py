@@ -3,14 +3,14 @@
 import torch
 import torch.nn.functional as F
 
-from sandbox.checks import Checker
-from tasks.base import clone_state
-from tasks.kimi_linear import baseline as base
-from tasks.kimi_linear import reference as ref
-from tasks.kimi_linear.calibrate import calibrate
-from tasks.kimi_linear.config import SMALL
-from tasks.kimi_linear.inputs import build_model, init_state, init_token
-from tasks.kimi_linear.task import KimiTask
+from megakernel_agent.sandbox.checks import Checker
+from megakernel_agent.tasks.base import clone_state
+from megakernel_agent.tasks.kimi_linear import baseline as base
+from megakernel_agent.tasks.kimi_linear import reference as ref
+from megakernel_agent.tasks.kimi_linear.calibrate import calibrate
+from megakernel_agent.tasks.kimi_linear.config import SMALL
+from megakernel_agent.tasks.kimi_linear.inputs import build_model, init_state, init_token
+from megakernel_agent.tasks.kimi_linear.task import KimiTask
 
 CPU = torch.device("cpu")
 

@@ -1,19 +1,20 @@
 """Bad input to the CLI: one line on stderr, exit code 2, no traceback, and nothing asked of a GPU."""
 
+import shutil
 import signal
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-import run_agent
-from agent import preflight
-from agent.exit_codes import ExitCode, session_exit
-from agent.interrupts import reason_for
-from run_agent import main
-from sandbox.candidate import Candidate
-from sandbox.pool import WorkerStartError
-from tasks.registry import get_task
+import megakernel_agent.agent.cli as run_agent
+from megakernel_agent.agent import preflight
+from megakernel_agent.agent.cli import main
+from megakernel_agent.agent.exit_codes import ExitCode, session_exit
+from megakernel_agent.agent.interrupts import reason_for
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import WorkerStartError
+from megakernel_agent.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
 KIMI_SEED = ROOT / "kernels/kimi_linear/seed.cu"
@@ -88,7 +89,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, says):
 
 
 def test_the_default_run_folder_is_under_the_working_directory(capsys, monkeypatch, files):
-    monkeypatch.setattr("agent.session.now_tag", lambda: "T")
+    monkeypatch.setattr("megakernel_agent.agent.session.now_tag", lambda: "T")
     (files / "runs/T-w4a16_gemv-small").mkdir(parents=True)
     (files / "runs/T-w4a16_gemv-small/trace.jsonl").write_text("")
     line = refused(capsys, "run", "--task", "w4a16_gemv", "--size", "small")
@@ -169,7 +170,7 @@ def test_exit_codes_are_distinct():
 
 
 def test_a_run_folder_that_never_started_is_removed_but_not_a_neighbour(files):
-    from agent.run_folder import missing_folders, remove_folders
+    from megakernel_agent.agent.run_folder import missing_folders, remove_folders
 
     made = missing_folders(Path("runs") / "t-kimi_linear-full")
     assert made == [files / "runs/t-kimi_linear-full", files / "runs"]
@@ -178,3 +179,18 @@ def test_a_run_folder_that_never_started_is_removed_but_not_a_neighbour(files):
     (files / "runs" / "another-run").mkdir()
     remove_folders(made)
     assert [p.name for p in (files / "runs").iterdir()] == ["another-run"]
+
+
+def test_a_worker_that_did_not_start_in_time_leaves_the_log_its_message_names(capsys, monkeypatch):
+    from megakernel_agent.sandbox.pool import Evaluator
+
+    def slow_start(self, startup_timeout=None):
+        (self.work_dir / "worker-1.log").write_text("loading weights\n")
+        raise WorkerStartError(f"worker did not start within 1 s (log: {self.work_dir / 'worker-1.log'})")
+
+    monkeypatch.setattr(Evaluator, "start", slow_start)
+    assert main(["bench", "--task", "w4a16_gemv", "--size", "small"]) == ExitCode.NO_GPU
+    err = capsys.readouterr().err
+    kept = Path(err.split("(the worker's logs are kept in ")[1].split(")")[0])
+    assert (kept / "worker-1.log").read_text() == "loading weights\n" and str(kept) in err.splitlines()[0]
+    shutil.rmtree(kept)

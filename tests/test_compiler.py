@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.build import build_defines, compile_only
-from sandbox.candidate import Candidate, CandidateError
-from sandbox.compiler import CompileLimits, child_environment, compile_cuda, first_error, nvrtc_options, strip_log
-from tasks.registry import get_task
+from megakernel_agent.sandbox.build import build_defines, compile_only
+from megakernel_agent.sandbox.candidate import Candidate, CandidateError
+from megakernel_agent.sandbox.compiler import (
+    CompileLimits,
+    child_environment,
+    compile_cuda,
+    first_error,
+    nvrtc_options,
+    strip_log,
+)
+from megakernel_agent.tasks.registry import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
 GEMV = get_task("w4a16_gemv", "small")
@@ -116,7 +123,7 @@ def test_log_keeps_the_candidate_and_drops_what_came_from_elsewhere():
 LANDLOCK_PROBE = """
 import sys
 sys.path.insert(0, {root!r})
-from sandbox.confinement import restrict_filesystem
+from megakernel_agent.sandbox.confinement import restrict_filesystem
 what = restrict_filesystem([{allowed!r}])
 print(what)
 if not what.startswith("Landlock"):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.candidate import Candidate
-from tasks.kimi_linear.export import FORBIDDEN, export_solution
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.tasks.kimi_linear.export import FORBIDDEN, export_solution
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
@@ -30,11 +30,11 @@ def test_export_is_standalone_and_loads_weights_strictly(tmp_path):
 import sys, torch
 sys.path.insert(0, {str(tmp_path)!r})
 import solution
-assert not [m for m in sys.modules if m.split(".")[0] in ("tasks", "sandbox", "agent", "traces")]
+assert not [m for m in sys.modules if m.split(".")[0] in ("megakernel_agent", "tasks", "sandbox", "agent", "traces")]
 sys.path.insert(0, {str(ROOT)!r})
-from tasks.kimi_linear.config import SMALL
-from tasks.kimi_linear.inputs import build_model
-from tasks.kimi_linear.reference import ReferenceModel
+from megakernel_agent.tasks.kimi_linear.config import SMALL
+from megakernel_agent.tasks.kimi_linear.inputs import build_model
+from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel
 ref = build_model(ReferenceModel, SMALL, seed=1, device="cpu")
 m = solution.Model(SMALL)
 m.load_state_dict(ref.state_dict(), strict=True)

@@ -22,20 +22,20 @@ from pathlib import Path
 
 import pytest
 
-import agent.run_folder as run_folder_mod
-import agent.session as session_mod
-import sandbox.pool as pool_mod
-import traces.recorder as recorder_mod
-from agent.errors import ResumeMismatch, RunFolderInUse
-from agent.session import Session
-from sandbox.candidate import Candidate, with_knob_defaults
-from sandbox.pool import Evaluator, WorkerStartError
-from sandbox.protocol import PhaseTimeouts
-from tasks.registry import get_task
-from traces.loader import TraceError, load
-from traces.recorder import Recorder, TraceInUse, TraceWriteError
-from traces.results import EvalResult, FailureClass
-from traces.schema import PlannerError
+import megakernel_agent.agent.run_folder as run_folder_mod
+import megakernel_agent.agent.session as session_mod
+import megakernel_agent.sandbox.pool as pool_mod
+import megakernel_agent.traces.recorder as recorder_mod
+from megakernel_agent.agent.errors import ResumeMismatch, RunFolderInUse
+from megakernel_agent.agent.session import Session
+from megakernel_agent.sandbox.candidate import Candidate, with_knob_defaults
+from megakernel_agent.sandbox.pool import Evaluator, WorkerStartError
+from megakernel_agent.sandbox.protocol import PhaseTimeouts
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.loader import TraceError, load
+from megakernel_agent.traces.recorder import Recorder, TraceInUse, TraceWriteError
+from megakernel_agent.traces.results import EvalResult, FailureClass
+from megakernel_agent.traces.schema import PlannerError
 
 from .fake_sandbox import FakeSandbox, failed, timed
 from .test_agent_session import SRC, TASK, Scripted
@@ -284,9 +284,9 @@ def test_a_second_ctrl_c_while_closing_still_kills_the_worker_group(tmp_path, mo
 PARENT = """
 import sys
 sys.path.insert(0, {root!r})
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from sandbox.protocol import PhaseTimeouts
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.protocol import PhaseTimeouts
 ev = Evaluator("fake", work_dir={work!r}, worker_module="tests.fake_worker",
                timeouts=PhaseTimeouts(startup=30, build=10, check=600, time=10),
                extra_env={{"FAKE_WORKER_PIDFILE": {pids!r}}})
@@ -585,9 +585,9 @@ SESSION = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from agent.session import Session
-from sandbox.pool import Evaluator
-from sandbox.protocol import PhaseTimeouts
+from megakernel_agent.agent.session import Session
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.protocol import PhaseTimeouts
 from tests.test_agent_session import SRC, TASK, Scripted
 ev = Evaluator("fake", work_dir=Path({out!r}) / "sandbox", worker_module="tests.fake_worker",
                timeouts=PhaseTimeouts(startup=30, build=10, check=600, time=10),
@@ -633,7 +633,7 @@ def test_a_resume_never_reuses_an_id_after_a_stop_recorded_by_an_older_writer(tm
 
 
 def test_after_a_resume_the_report_judges_against_the_best_as_re_measured(tmp_path):
-    from traces.timings import judgements
+    from megakernel_agent.traces.timings import judgements
     make_session(tmp_path, plan(FAST)).run()
     drifted = lambda cand, opts: timed(cand, 20.0 + by_tag(cand, opts).timings[0].median_us)  # noqa: E731
     Session(TASK, plan(SLOW), FakeSandbox(drifted), 60.0, tmp_path, resume=load(tmp_path / "trace.jsonl")).run()

@@ -5,14 +5,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from agent.compare import Version, run_compare
-from agent.planners.tuner import TunerPlanner
-from agent.reexecute import reexecute
-from agent.session import Session
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from tasks.registry import get_task
-from traces.loader import load
+from megakernel_agent.agent.compare import Version, run_compare
+from megakernel_agent.agent.planners.tuner import TunerPlanner
+from megakernel_agent.agent.reexecute import reexecute
+from megakernel_agent.agent.session import Session
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.loader import load
 
 pytestmark = pytest.mark.gpu
 

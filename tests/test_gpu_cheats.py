@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from traces.results import FailureClass
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.traces.results import FailureClass
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent

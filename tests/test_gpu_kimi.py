@@ -7,14 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from tasks.base import clone_state
-from tasks.kimi_linear.baseline import BaselineModel
-from tasks.kimi_linear.config import FULL, SMALL
-from tasks.kimi_linear.inputs import build_model, init_state, init_token
-from tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel
-from tasks.kimi_linear.reference import ReferenceModel
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.tasks.base import clone_state
+from megakernel_agent.tasks.kimi_linear.baseline import BaselineModel
+from megakernel_agent.tasks.kimi_linear.config import FULL, SMALL
+from megakernel_agent.tasks.kimi_linear.inputs import build_model, init_state, init_token
+from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel
+from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,9 +182,9 @@ def test_binding_rejects_a_malformed_state_with_a_clear_error(small_models):
 def test_the_seed_passes_a_timed_sample_with_near_ties_at_three_layers():
     """bench on the H200 refused the honest seed here (seed 227359290 from ctx 8192, step 9 verified: ties at
     layers 0, 2 and 3) until the checker searched the tie variants nearest-first."""
-    from sandbox import timing
-    from sandbox.checks import Checker
-    from tasks.kimi_linear.task import KimiTask
+    from megakernel_agent.sandbox import timing
+    from megakernel_agent.sandbox.checks import Checker
+    from megakernel_agent.tasks.kimi_linear.task import KimiTask
 
     task = KimiTask("full")
     ref = task.build_reference(DEV, 0)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from tasks.kimi_linear.task import KimiTask
-from traces.results import FailureClass
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.tasks.kimi_linear.task import KimiTask
+from megakernel_agent.traces.results import FailureClass
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from sandbox.protocol import PhaseTimeouts
-from traces.results import FailureClass
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.protocol import PhaseTimeouts
+from megakernel_agent.traces.results import FailureClass
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,9 +89,9 @@ def test_knob_variant_is_a_different_build_and_correct(pool):
 HANGING_PARENT = """
 import sys
 sys.path.insert(0, {root!r})
-from sandbox.candidate import Candidate
-from sandbox.pool import Evaluator
-from sandbox.protocol import PhaseTimeouts
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.protocol import PhaseTimeouts
 ev = Evaluator("w4a16_gemv", "full", work_dir={work!r}, timeouts=PhaseTimeouts(check=900, time=900))
 ev.evaluate(Candidate(source={source!r}), time=False)
 """

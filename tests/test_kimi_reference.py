@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.base import clone_state
-from tasks.kimi_linear import reference as ref
-from tasks.kimi_linear.baseline import BaselineModel
-from tasks.kimi_linear.config import SMALL, KimiConfig
-from tasks.kimi_linear.inputs import build_model, init_state, init_token, upstream_weights_
-from tasks.kimi_linear.megakernel import MegakernelModel
-from tasks.kimi_linear.modules import KimiBlocks
-from tasks.kimi_linear.quant import dequantize
+from megakernel_agent.tasks.base import clone_state
+from megakernel_agent.tasks.kimi_linear import reference as ref
+from megakernel_agent.tasks.kimi_linear.baseline import BaselineModel
+from megakernel_agent.tasks.kimi_linear.config import SMALL, KimiConfig
+from megakernel_agent.tasks.kimi_linear.inputs import build_model, init_state, init_token, upstream_weights_
+from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel
+from megakernel_agent.tasks.kimi_linear.modules import KimiBlocks
+from megakernel_agent.tasks.kimi_linear.quant import dequantize
 
 CPU = torch.device("cpu")
 CFG = SMALL
@@ -198,7 +198,7 @@ def test_baseline_matches_reference_on_small_config(model, seed):
 
 
 def test_routing_margin_and_tie_aware_tolerance_classes(model):
-    from tasks.kimi_linear.task import KimiTask
+    from megakernel_agent.tasks.kimi_linear.task import KimiTask
 
     task = KimiTask("small")
     h, st = init_token(CFG, 1, CPU), init_state(CFG, 8, 1, CPU)

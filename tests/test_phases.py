@@ -8,7 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from sandbox.phases import (
+from megakernel_agent.sandbox.phases import (
     EVENT_NAMES,
     EVENT_WORDS,
     MAX_STAMP_BLOCKS,
@@ -22,12 +22,12 @@ from sandbox.phases import (
     stamp_area,
     step_phases,
 )
-from sandbox.profile import profile_phases
-from sandbox.report import print_eval
-from tasks.kimi_linear.bytes_model import phase_bytes
-from tasks.kimi_linear.config import FULL, SMALL
-from tasks.kimi_linear.task import KimiTask
-from tasks.w4a16_gemv.task import GemvTask
+from megakernel_agent.sandbox.profile import profile_phases
+from megakernel_agent.sandbox.report import print_eval
+from megakernel_agent.tasks.kimi_linear.bytes_model import phase_bytes
+from megakernel_agent.tasks.kimi_linear.config import FULL, SMALL
+from megakernel_agent.tasks.kimi_linear.task import KimiTask
+from megakernel_agent.tasks.w4a16_gemv.task import GemvTask
 
 from .trace_fixtures import phase_timeline as timeline_of_spans
 from .trace_fixtures import result

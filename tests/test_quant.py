@@ -1,7 +1,7 @@
 import torch
 
-from tasks.kimi_linear.megakernel import tile_major
-from tasks.kimi_linear.quant import dequantize, dequantize_experts, pack_int4, quantize, unpack_int4
+from megakernel_agent.tasks.kimi_linear.megakernel import tile_major
+from megakernel_agent.tasks.kimi_linear.quant import dequantize, dequantize_experts, pack_int4, quantize, unpack_int4
 
 
 def test_pack_unpack_round_trip_and_nibble_order():

@@ -10,16 +10,16 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from sandbox.stats import ratio_interval
-from traces.loader import load
-from traces.plots import bars, plots, progress
-from traces.recorder import Recorder
-from traces.render import NOT_FASTER, primary_ctx, timeline
-from traces.report import summary_rows, write_report
-from traces.results import FailureClass
-from traces.schema import SessionEnd
-from traces.sections import failures, per_context, resources
-from traces.timings import judgements
+from megakernel_agent.sandbox.stats import ratio_interval
+from megakernel_agent.traces.loader import load
+from megakernel_agent.traces.plots import bars, plots, progress
+from megakernel_agent.traces.recorder import Recorder
+from megakernel_agent.traces.render import NOT_FASTER, primary_ctx, timeline
+from megakernel_agent.traces.report import summary_rows, write_report
+from megakernel_agent.traces.results import FailureClass
+from megakernel_agent.traces.schema import SessionEnd
+from megakernel_agent.traces.sections import failures, per_context, resources
+from megakernel_agent.traces.timings import judgements
 
 from .trace_fixtures import Try, session_start, write_session
 

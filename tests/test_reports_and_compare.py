@@ -3,16 +3,16 @@
 import matplotlib.pyplot as plt
 from rich.console import Console
 
-from agent.compare import Version, print_compare, run_compare
-from agent.reexecute import print_reexecute, reexecute
-from sandbox.candidate import Candidate
-from traces.diffs import diff_text
-from traces.loader import load
-from traces.phases import timelines_of
-from traces.plots import draw_waterfall
-from traces.report import write_report
-from traces.results import EvalResult, FailureClass
-from traces.schema import Evaluate
+from megakernel_agent.agent.compare import Version, print_compare, run_compare
+from megakernel_agent.agent.reexecute import print_reexecute, reexecute
+from megakernel_agent.sandbox.candidate import Candidate
+from megakernel_agent.traces.diffs import diff_text
+from megakernel_agent.traces.loader import load
+from megakernel_agent.traces.phases import timelines_of
+from megakernel_agent.traces.plots import draw_waterfall
+from megakernel_agent.traces.report import write_report
+from megakernel_agent.traces.results import EvalResult, FailureClass
+from megakernel_agent.traces.schema import Evaluate
 
 from .fake_sandbox import FakeSandbox, failed, timed
 from .trace_fixtures import phase_timeline, write_session

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from sandbox.candidate import Candidate, CandidateError, parse_knobs, resolve_knobs
-from sandbox.pool import Evaluator
-from sandbox.protocol import PhaseTimeouts
-from traces.results import EvalResult, FailureClass
+from megakernel_agent.sandbox.candidate import Candidate, CandidateError, parse_knobs, resolve_knobs
+from megakernel_agent.sandbox.pool import Evaluator
+from megakernel_agent.sandbox.protocol import PhaseTimeouts
+from megakernel_agent.traces.results import EvalResult, FailureClass
 
 SRC = """// @knob THREADS 256 {128,256,512}
 // @knob SPLIT 2 {1,2,4}
@@ -96,7 +96,7 @@ def test_no_gpu_is_an_infra_failure(tmp_path):
 
 
 def test_knob_docs_and_baking_chosen_values_into_the_source():
-    from sandbox.candidate import with_knob_defaults
+    from megakernel_agent.sandbox.candidate import with_knob_defaults
 
     src = "// @knob A   1 {1,2} more parallel units\n// @knob B 4 {4,8}\nint x;\n"
     assert parse_knobs(src)[0].doc == "more parallel units"
@@ -108,7 +108,7 @@ def test_knob_docs_and_baking_chosen_values_into_the_source():
 
 
 def test_worker_environment_is_an_allow_list_without_secrets(monkeypatch):
-    from sandbox.environment import worker_environment
+    from megakernel_agent.sandbox.environment import worker_environment
 
     for name, value in {"PATH": "/usr/bin", "LC_ALL": "C", "CUDA_HOME": "/cuda", "CUDA_TOKEN": "t" * 20,
                         "AWS_SECRET_ACCESS_KEY": "a" * 40, "GH_PAT": "g" * 30, "ANTHROPIC_API_KEY": "k" * 30,
@@ -134,7 +134,7 @@ def test_a_worker_inherits_no_secret(tmp_path, monkeypatch):
 
 
 def test_knob_lines_are_matched_within_their_line_and_sources_are_capped():
-    from sandbox.candidate import KNOB_LOOSE_RE, KNOB_RE, MAX_SOURCE_CHARS
+    from megakernel_agent.sandbox.candidate import KNOB_LOOSE_RE, KNOB_RE, MAX_SOURCE_CHARS
 
     text = "\n\n\n// @knob A 1 {1,2}\n"
     # a match that began on an earlier blank line (\s* over newlines) made parsing quadratic in blank lines
@@ -145,7 +145,7 @@ def test_knob_lines_are_matched_within_their_line_and_sources_are_capped():
 
 
 def test_the_weight_guard_sees_one_flipped_bit_in_any_weight():
-    from sandbox.integrity import WeightGuard
+    from megakernel_agent.sandbox.integrity import WeightGuard
 
     model = torch.nn.Module()
     model.w = torch.nn.Parameter(torch.randn(64, 33, dtype=torch.bfloat16), requires_grad=False)

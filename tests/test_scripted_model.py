@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.edits import Edit, apply_edits
-from agent.history_script import edits_between, prediction, script
-from agent.planners.anthropic_planner import AnthropicPlanner
-from agent.scripted_model import ScriptedModel, load_script
-from agent.session import Session
-from tasks.registry import get_task
-from traces.loader import load
-from traces.results import FailureClass
+from megakernel_agent.agent.edits import Edit, apply_edits
+from megakernel_agent.agent.history_script import edits_between, prediction, script
+from megakernel_agent.agent.planners.anthropic_planner import AnthropicPlanner
+from megakernel_agent.agent.scripted_model import ScriptedModel, load_script
+from megakernel_agent.agent.session import Session
+from megakernel_agent.tasks.registry import get_task
+from megakernel_agent.traces.loader import load
+from megakernel_agent.traces.results import FailureClass
 
 from .fake_sandbox import FakeSandbox, failed, timed
 

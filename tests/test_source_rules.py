@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.candidate import Candidate, CandidateError, validate
-from sandbox.source_rules import SourceRuleError, check_source, logical_lines
+from megakernel_agent.sandbox.candidate import Candidate, CandidateError, validate
+from megakernel_agent.sandbox.source_rules import SourceRuleError, check_source, logical_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 OK = "#include <cuda_bf16.h>\n__global__ void k() {}\n"
@@ -116,7 +116,7 @@ def test_header_macros_that_stand_for_refused_operators_are_refused(name):
 
 
 def test_which_header_macros_are_refused():
-    from sandbox.header_macros import macros_that_reach_the_preprocessor
+    from megakernel_agent.sandbox.header_macros import macros_that_reach_the_preprocessor
 
     denied = macros_that_reach_the_preprocessor([
         "#define PRAGMA(x) _Pragma(#x)\n#define CAT(a, b) a##b\n#define CAT2(a, b) CAT(a, b)\n"

@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-import sandbox.timing as timing
-from sandbox.checks import Checker
-from tasks.base import clone_state
-from tasks.kimi_linear.inputs import build_model
-from tasks.kimi_linear.reference import ReferenceModel
-from tasks.registry import get_task
+import megakernel_agent.sandbox.timing as timing
+from megakernel_agent.sandbox.checks import Checker
+from megakernel_agent.tasks.base import clone_state
+from megakernel_agent.tasks.kimi_linear.inputs import build_model
+from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel
+from megakernel_agent.tasks.registry import get_task
 
 CTX, STEPS, WARMUP, SAMPLES = 12, 6, 2, 8
 CPU = torch.device("cpu")

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from sandbox.stats import ratio_interval, verdict
-from traces.loader import TraceError, load
-from traces.recorder import Recorder
-from traces.redaction import redact
-from traces.render import render, timeline
-from traces.schema import EVENT, PlannerError
+from megakernel_agent.sandbox.stats import ratio_interval, verdict
+from megakernel_agent.traces.loader import TraceError, load
+from megakernel_agent.traces.recorder import Recorder
+from megakernel_agent.traces.redaction import redact
+from megakernel_agent.traces.render import render, timeline
+from megakernel_agent.traces.schema import EVENT, PlannerError
 
 from .trace_fixtures import SEED_SRC, write_session
 
@@ -41,7 +41,7 @@ def test_sources_are_stored_once(tmp_path):
 
 
 def test_first_use_of_a_source_must_carry_it(tmp_path):
-    from traces.schema import Proposal
+    from megakernel_agent.traces.schema import Proposal
 
     with Recorder(tmp_path / "t.jsonl") as rec, pytest.raises(ValueError, match="must carry"):
         rec.record(Proposal(id="p", parent_id="s", planner="x", hypothesis="h", predicted_change="",
@@ -68,8 +68,8 @@ def test_corrupt_middle_line_is_an_error(tmp_path):
 WRITER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from traces.recorder import Recorder
-from traces.schema import PlannerError
+from megakernel_agent.traces.recorder import Recorder
+from megakernel_agent.traces.schema import PlannerError
 rec = Recorder({path!r})
 i = 0
 while True:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.candidate import source_sha256
-from traces.recorder import Recorder
-from traces.results import (
+from megakernel_agent.sandbox.candidate import source_sha256
+from megakernel_agent.traces.recorder import Recorder
+from megakernel_agent.traces.results import (
     BuildResult,
     CheckResult,
     DeviceInfo,
@@ -19,7 +19,7 @@ from traces.results import (
     Resources,
     TimingResult,
 )
-from traces.schema import (
+from megakernel_agent.traces.schema import (
     Build,
     Decision,
     Environment,

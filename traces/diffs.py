@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 
-from sandbox.candidate import Candidate
+from megakernel_agent.sandbox.candidate import Candidate
 
 from .loader import Trace
 from .sections import Blocks

@@ -14,7 +14,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from sandbox.stats import ratio_interval
+from megakernel_agent.sandbox.stats import ratio_interval
 
 from .loader import Trace
 from .results import EvalResult

@@ -23,8 +23,8 @@ import anthropic
 from pydantic import ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from sandbox.candidate import Candidate, CandidateError, parse_knobs, validate
-from traces.schema import LlmUsage
+from megakernel_agent.sandbox.candidate import Candidate, CandidateError, parse_knobs, validate
+from megakernel_agent.traces.schema import LlmUsage
 
 from ..edits import EditError, apply_edits
 from ..tools import ProposeInput, tool_schemas

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from sandbox.candidate import Knob
-from traces.results import DeviceInfo
-from traces.schema import LlmUsage
+from megakernel_agent.sandbox.candidate import Knob
+from megakernel_agent.traces.results import DeviceInfo
+from megakernel_agent.traces.schema import LlmUsage
 
 from ..archive import ArchivedVersion
 

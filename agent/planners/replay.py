@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traces.loader import load
+from megakernel_agent.traces.loader import load
 
 from .base import PlannedVersion, Planner, PlannerExhausted, PlannerView
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from sandbox.candidate import Knob, parse_knobs, source_sha256
+from megakernel_agent.sandbox.candidate import Knob, parse_knobs, source_sha256
 
 from ..archive import ArchivedVersion
 from .base import PlannedVersion, Planner, PlannerExhausted, PlannerView

@@ -6,7 +6,7 @@ and how far the baseline moves the reference's top-k routing margin (the gap bet
 (k+1)-th router logits, in bf16 ulps). A faithful implementation can flip the top-k set wherever the
 margin is below that shift, so TIE_ULPS must sit above it. Layers after the baseline's first flipped
 routing are left out of the shift (their inputs differ by a whole expert).
-`python -m tasks.kimi_linear.calibrate --seeds 8 [--device cpu]`.
+`python -m megakernel_agent.tasks.kimi_linear.calibrate --seeds 8 [--device cpu]`.
 """
 
 from __future__ import annotations

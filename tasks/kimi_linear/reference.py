@@ -121,7 +121,7 @@ def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS, spread: f
     kth = values[order[k - 1]]
     if not math.isfinite(kth):
         return [order[:k]]   # garbage in (a candidate's non-finite state): no tie to resolve
-    tol = max(ulps * bf16_ulp(kth, kth), spread * float(logits.float().std()))
+    tol = max(ulps * bf16_ulp(kth, kth), spread * float(logits.detach().float().std()))
     certain = [e for e in order if values[e] > kth + tol]
     uncertain = [e for e in order if abs(values[e] - kth) <= tol]
     combos = itertools.islice(itertools.combinations(uncertain, k - len(certain)), MAX_SETS_PER_LAYER)

@@ -23,7 +23,7 @@ MAX_TIE_VARIANTS = 15   # reference runs at most, over every valid expert set of
 TOLERANCE_NOTE = (
     "Relative-L2 bounds sit about 3x above the optimized-PyTorch baseline's own one-step error "
     "against the fp32 reference (H200: ~0.015 output, ~0.004 S, ~0.010 conv window, ~0.014 appended "
-    "cache row; re-measure with `python -m tasks.kimi_linear.calibrate`). Layer-0 states see no MoE "
+    "cache row; re-measure with `python -m megakernel_agent.tasks.kimi_linear.calibrate`). Layer-0 states see no MoE "
     "before them: 0.015 (S), 0.03 (conv). Later tensors and the output: 0.05. When the reference's "
     "top-k margin at a layer is within the tie band (the wider of 8 bf16 ulps at the k-th logit and 0.07 of "
     "the logits' standard deviation: reference.routing_sets), the experts within the band may "
