@@ -77,12 +77,20 @@ class Worker:
         if failure.get("cls") == FailureClass.wrong.value and not self._context_healthy():
             retire = True
         if self.models and not retire:
-            changed = self.guard.changed(reference=self.reference,
-                                         **{f"{role}_model": m for role, m in self.models.items()})
+            try:
+                changed = self.guard.changed(reference=self.reference,
+                                             **{f"{role}_model": m for role, m in self.models.items()})
+            except Exception as e:  # noqa: BLE001 - our check broke, not the candidate: retried on a fresh worker
+                sys.stderr.write(traceback.format_exc())
+                why = f"the weight check itself failed ({type(e).__name__}: {e}); worker retired"
+                result["failure"] = Failure(cls=FailureClass.infra, phase="integrity", message=why[:2000],
+                                            retryable=True).model_dump()
+                return result, True
             if changed:
                 why = f"the candidate wrote into memory it does not own: weights {changed[:4]} changed"
                 result["failure"] = Failure(cls=FailureClass.wrong, phase="integrity", message=why).model_dump()
                 retire = True
+            retire = retire or self.guard.remaining == 0   # its last key is spent: the next candidate needs a new one
         return result, retire
 
     def _evaluate(self, req) -> tuple[dict, bool]:

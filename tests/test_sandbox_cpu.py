@@ -159,3 +159,17 @@ def test_the_weight_guard_sees_one_flipped_bit_in_any_weight():
         model.w.view(torch.int16)[17, 5] ^= 1
         model.packed[1000] ^= 128
     assert guard.changed(reference=model) == ["reference: packed"]
+
+
+def test_each_weight_check_uses_a_key_of_its_own_until_the_keys_run_out():
+    from megakernel_agent.sandbox.integrity import GuardExhausted, WeightGuard
+
+    model = torch.nn.Module()
+    model.register_buffer("w", torch.arange(12, dtype=torch.bfloat16)[1:9])   # bytes 2 past a 4-byte boundary
+    guard = WeightGuard(model, checks=2)
+    assert len({guard._pristine["w"][0], guard._pristine["w"][1]}) == 2   # two keys, two fingerprints
+    assert guard.changed(reference=model) == [] and guard.remaining == 1
+    model.w[3] += 1
+    assert guard.changed(reference=model) == ["reference: w"] and guard.remaining == 0
+    with pytest.raises(GuardExhausted):
+        guard.changed(reference=model)

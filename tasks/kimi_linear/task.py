@@ -18,8 +18,7 @@ from .inputs import build_model, init_state, init_token
 from .megakernel import MegakernelModel, kernel_defines, kernel_prelude
 from .reference import ReferenceModel
 
-MAX_TIE_BRANCHES = 3    # near-tie layers whose alternative routing is evaluated (beyond them: after_tie)
-MAX_TIE_VARIANTS = 15   # reference runs at most, over every valid expert set of those layers
+MAX_TIE_VARIANTS = 24   # reference runs at most, over every valid expert set of those layers
 TOLERANCE_NOTE = (
     "Relative-L2 bounds sit about 3x above the optimized-PyTorch baseline's own one-step error "
     "against the fp32 reference (H200: ~0.015 output, ~0.004 S, ~0.010 conv window, ~0.014 appended "
@@ -33,9 +32,8 @@ TOLERANCE_NOTE = (
     "and none after it, on inputs whose margin at that layer was 0-5 ulps (at an exact tie at layer 3, "
     "seed 1876674187 ctx 3001, neither the plain set nor the k/k+1 swap matched: a third expert lay "
     "within reach). So the checker also runs the reference with each other valid set at such a layer "
-    "(reference.routing_sets, up to 8 per layer, 15 runs in all, the branch nearest the candidate extended "
-    "first) and accepts a match with any branch, "
-    "at the same tight bounds (up to 3 such layers; beyond that, later tensors get 'after_tie', 0.35). "
+    "(reference.routing_sets, up to 8 per layer, 24 runs in all, the branch nearest the candidate extended "
+    "first) and accepts a match with any branch at the same tight bounds, at as many such layers as there are. "
     "The cosine gate (0.98, upstream's) applies to every tensor."
 )
 
@@ -69,7 +67,6 @@ class KimiTask(Task):
                 "S_first": Tolerance(rel_l2_max=0.015),
                 "conv_first": Tolerance(rel_l2_max=0.03),
                 "later": Tolerance(rel_l2_max=0.05),
-                "after_tie": Tolerance(rel_l2_max=0.35),
             },
             tolerance_note=TOLERANCE_NOTE,
             bytes_per_step={c: bytes_per_step(self.cfg, c) for c in ctxs},
@@ -120,10 +117,6 @@ class KimiTask(Task):
         return out
 
     def tensor_class(self, name: str, reference=None) -> str:
-        layer = len(self.cfg.pattern) if name == "out" else int(name[1 : name.index(".")])
-        unbranched = _near_ties(getattr(reference, "routing_sets", []))[MAX_TIE_BRANCHES:]
-        if unbranched and layer > unbranched[0]:
-            return "after_tie"
         if name == "out":
             return "out"
         if name == "L0.S":
@@ -136,7 +129,7 @@ class KimiTask(Task):
         """The other valid answers at routing near-ties: at each layer whose top-k boundary is a near tie,
         every other valid expert set (reference.routing_sets). A branch looks for its next near tie in its
         own run: another set at one layer moves every later layer's logits (a tie that is exact in one branch
-        may be 13 ulps wide in another). At most MAX_TIE_BRANCHES layers deep, MAX_TIE_VARIANTS runs.
+        may be 13 ulps wide in another). Any number of layers deep, MAX_TIE_VARIANTS runs in all.
 
         With `distance`, the branch nearest the candidate is extended first and the search stops at a match
         (inputs with near ties at three layers have more valid sets than the run limit, and branching
@@ -149,20 +142,21 @@ class KimiTask(Task):
         try:
             while frontier and len(variants) < MAX_TIE_VARIANTS:
                 _, _, choices, run_sets, last = heapq.heappop(frontier)
-                if len(choices) >= MAX_TIE_BRANCHES:
-                    continue
                 open_sets = [(i, j) for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)]
                 for layer, j in open_sets[: MAX_TIE_VARIANTS - len(variants)]:
                     branch = {**choices, layer: j}
                     out, st = reference.step(hidden.clone(), Task.clone_state(state), choices=branch)
                     here = [round(m, 1) for m in reference.routing_margins]
+                    branch_sets = list(reference.routing_sets)
+                    # tolerance classes refer to the plain run: restored before the candidate is judged
+                    reference.routing_margins, reference.routing_sets = margins, sets
                     label = ", ".join(f"layer {k} set {v + 1} of {run_sets[k] if k == layer else '…'}"
                                       for k, v in sorted(branch.items()))
                     variants.append((f"routing: {label} (margins {here})", out, st))
                     far = 0.0 if distance is None else distance(out, st)
                     if distance is not None and far <= 1.0:
                         return variants
-                    heapq.heappush(frontier, (far, next(order), branch, list(reference.routing_sets), layer))
+                    heapq.heappush(frontier, (far, next(order), branch, branch_sets, layer))
             return variants
         finally:
             reference.routing_margins, reference.routing_sets = margins, sets   # classes refer to the plain run
@@ -179,9 +173,3 @@ class KimiTask(Task):
 
     def phase_bytes(self, ctx: int) -> list[int]:
         return list(bytes_by_phase(self.cfg, ctx).values())
-
-
-
-def _near_ties(sets: list[int]) -> list[int]:
-    """Layers whose top-k set is ambiguous: more than one valid expert set (reference.routing_sets)."""
-    return [i for i, n in enumerate(sets) if n > 1]
