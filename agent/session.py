@@ -341,7 +341,8 @@ class Session:
         checks and times (a guess that the next decision overturns costs CPU time only)."""
         upcoming = self.planner.upcoming(self._view(), LOOKAHEAD + 1)   # the view does not hold `planned` yet
         later = [p for p in upcoming if (p.source, p.knobs) != (planned.source, planned.knobs)][:LOOKAHEAD]
-        self.ev.prebuild([Candidate(source=p.source, knobs=p.knobs) for p in [planned, *later]])
+        fresh = [p for p in [planned, *later] if self.archive.duplicate_of(p.source, p.knobs) is None]
+        self.ev.prebuild([Candidate(source=p.source, knobs=p.knobs) for p in fresh])
 
     def _add_usage(self, usage: LlmUsage | None) -> None:
         if usage is not None:

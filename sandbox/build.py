@@ -19,7 +19,7 @@ from megakernel_agent.tasks.base import Task
 from megakernel_agent.traces.results import BuildResult, DeviceInfo, Resources
 
 from .candidate import Candidate, CandidateError, validate
-from .compiler import CompileLimits, CompileOutput, compile_cuda, nvrtc_options
+from .compiler import CompileLimits, CompileOutput, CompilerHook, compile_cuda, nvrtc_options
 
 INSTRUMENT_DEFINES = frozenset({"PHASE_STAMPS", "SKIP_MOE", "SKIP_ATTN"})
 PTXAS_RE = {
@@ -62,11 +62,12 @@ def built_ahead(folder: Path | None, key: str) -> BuiltAhead | None:
 
 
 def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLimits | None = None,
-                      instruments: dict[str, str] | None = None) -> tuple[dict[str, int], CompileOutput]:
+                      instruments: dict[str, str] | None = None, track: CompilerHook | None = None
+                      ) -> tuple[dict[str, int], CompileOutput]:
     """(resolved knobs, compiler output); CandidateError for a source or knob that breaks a rule."""
     knobs = validate(cand)
     options = [*nvrtc_options(arch, build_defines(task, knobs, instruments)), "--ptxas-options=-v"]
-    return knobs, compile_cuda(task.prelude(), cand.source, options, limits)
+    return knobs, compile_cuda(task.prelude(), cand.source, options, limits, track=track)
 
 
 def instrumented_key(key: str, instruments: dict[str, str] | None) -> str:
@@ -98,6 +99,8 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
         return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), kernel
     made = built_ahead(ahead, key) if not instruments else None
     try:
+        if made is not None:
+            validate(cand)   # the source rules hold for a build made ahead as for one made here
         knobs, out = (made.knobs, made.output) if made else compile_candidate(task, cand, arch, limits, instruments)
     except CandidateError as e:
         return BuildResult(ok=False, key=key, error=str(e), seconds=time.perf_counter() - t0), None

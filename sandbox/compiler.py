@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
@@ -30,6 +31,7 @@ DIAGNOSTIC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\): (?P<rest>.*)$
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)+([\w.+-]+)")
 CANNOT_OPEN = re.compile(r'(cannot open source file "[^"]*").*$')   # the OS's reason would tell what exists
 PASSED_ENV = ("LD_LIBRARY_PATH", "CUDA_PATH", "CUDA_HOME", "CUPY_CACHE_DIR")
+CompilerHook = Callable[[subprocess.Popen, bool], None]
 
 
 class CompileLimits(BaseModel):
@@ -93,8 +95,9 @@ def child_environment() -> dict[str, str]:
 
 
 def compile_cuda(prelude: str, candidate: str, options: list[str], limits: CompileLimits | None = None,
-                 include_dirs: tuple[str, ...] | None = None) -> CompileOutput:
-    """Compile in a confined child process. A compile error, a limit hit or a dead compiler is a result."""
+                 include_dirs: tuple[str, ...] | None = None, track: CompilerHook | None = None) -> CompileOutput:
+    """Compile in a confined child process. A compile error, a limit hit or a dead compiler is a result.
+    `track(process, done)` hears when the compiler process starts and ends (a caller that may have to stop it)."""
     limits = limits or CompileLimits()
     dirs = cuda_include_dirs() if include_dirs is None else include_dirs
     request = {"source": program_text(prelude, candidate), "name": PRELUDE_FILE, "options": options,
@@ -107,6 +110,8 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
     proc = subprocess.Popen([sys.executable, "-m", "megakernel_agent.sandbox.compile_child", str(os.getpid())],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=child_environment(), cwd="/")
+    if track is not None:
+        track(proc, False)
     try:
         out, err = proc.communicate(json.dumps(request).encode(), timeout=limits.seconds)
     except subprocess.TimeoutExpired:
@@ -114,6 +119,9 @@ def compile_cuda(prelude: str, candidate: str, options: list[str], limits: Compi
         proc.communicate()
         return CompileOutput(ok=False, error=f"the compiler exceeded its {limits.seconds:.0f} s limit and was killed",
                              seconds=time.perf_counter() - t0)
+    finally:
+        if track is not None:
+            track(proc, True)
     seconds = time.perf_counter() - t0
     try:
         answer = json.loads(out)

@@ -1,6 +1,7 @@
 """Runs a worker and ties its whole process group to the session that started it.
 
-Started by sandbox.pool as the leader of a new process group: `python -m sandbox.lifeline SESSION_PID CMD...`.
+Started by sandbox.pool as the leader of a new process group:
+`python -m megakernel_agent.sandbox.lifeline SESSION_PID CMD...`.
 When the session dies (even by kill -9, when nothing of it can clean up) or the worker exits, this process
 kills the group: the worker, anything the worker started (a compiler, a helper) and itself. A hung kernel
 then cannot keep a GPU busy after its session is gone. The worker also gets PR_SET_PDEATHSIG, so it dies

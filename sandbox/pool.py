@@ -1,6 +1,6 @@
 """Parent side of evaluation: a warm worker process, per-phase timeouts, kill-the-group on expiry.
 
-The parent never touches CUDA. A worker that times out is killed with its whole
+The parent never touches the GPU. A worker that times out is killed with its whole
 process group; one that crashes, reports a CUDA error or breaks the protocol is retired; the next
 evaluation starts a fresh worker transparently. Each worker runs under sandbox.lifeline, so its group
 dies with the session even when the session is killed outright; it gets an allow-listed environment
@@ -203,11 +203,11 @@ class Evaluator:
         self.close()
 
     def prebuild(self, candidates: list[Candidate]) -> None:
-        """Start building `candidates` on the CPU (no-op without build-ahead or before the worker said which
-        GPU it has)."""
+        """Start building `candidates` on the CPU, the first first, dropping queued builds of earlier guesses
+        (no-op without build-ahead or before the worker said which GPU it has)."""
         if self._ahead is not None and self.device is not None:
-            for cand in candidates:
-                self._ahead.submit(cand, self.device)
+            keys = {self._ahead.submit(cand, self.device) for cand in candidates}
+            self._ahead.only(keys)
 
     def fresh_seeds(self, n: int) -> list[int]:
         return [self._rng.randrange(1, 2**31 - 1) for _ in range(n)]

@@ -18,19 +18,25 @@ H100_LIKE = DEVICE.model_copy(update={"capability": "9.0"})
 
 
 def test_a_build_is_made_once_per_key_and_stored_under_the_workers_key(tmp_path):
-    ahead = BuildAhead(GEMV, tmp_path, builders=2)
+    folder = tmp_path / "builds"
+    ahead = BuildAhead(GEMV, folder, builders=2)
     cand = Candidate(source=GEMV.seed_source())
+    broken = Candidate(source=GEMV.seed_source().replace("float ss = 0.0f;", "float ss = 0.0f"))
     try:
         key = ahead.submit(cand, H100_LIKE)
         assert ahead.submit(Candidate(source=GEMV.seed_source()), H100_LIKE) == key
         assert key == build_key(GEMV, cand, H100_LIKE)
         made = ahead.result(key, timeout=120)
+        assert made.output.ok and made.output.cubin and made.knobs == cand.resolved_knobs()
+        assert built_ahead(folder, key) == made
+        assert [p.name for p in folder.iterdir()] == [f"{key}.json"]   # no temporary file left beside it
+        assert ahead.result("not-asked-for", timeout=1) is None
+        bad = ahead.submit(broken, H100_LIKE)
+        assert not ahead.result(bad, timeout=120).output.ok
+        assert ahead.result(bad, timeout=1) is None   # a failed build is forgotten once reported: a retry compiles
     finally:
         ahead.close()
-    assert made.output.ok and made.output.cubin and made.knobs == cand.resolved_knobs()
-    assert built_ahead(tmp_path, key) == made
-    assert [p.name for p in tmp_path.iterdir()] == [f"{key}.json"]   # no temporary file left beside it
-    assert ahead.result("not-asked-for", timeout=1) is None
+    assert not folder.exists()
 
 
 def test_a_failed_build_is_the_result_and_never_reaches_the_worker(tmp_path):

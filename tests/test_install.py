@@ -47,6 +47,17 @@ def installed(tmp_path_factory) -> Path:
     return env
 
 
+def test_every_module_of_the_installed_package_imports(installed, tmp_path):
+    """pyproject.toml lists the packages by hand: a subpackage left out would fail here, not on a user's machine."""
+    program = ("import importlib, pkgutil, megakernel_agent as m\n"
+               "names = [i.name for i in pkgutil.walk_packages(m.__path__, 'megakernel_agent.')]\n"
+               "[importlib.import_module(n) for n in names]\n"
+               "print(len(names))")
+    sources = {p.relative_to(ROOT).with_suffix("") for d in ("agent", "sandbox", "tasks", "traces", "kernels")
+               for p in (ROOT / d).rglob("*.py") if p.name != "__init__.py"}
+    assert int(run(installed / "bin/python", "-c", program, cwd=tmp_path).stdout) >= len(sources)
+
+
 def test_the_installed_code_is_the_wheels(installed, tmp_path):
     out = run(installed / "bin/python", "-c", "import megakernel_agent.agent.cli as cli, megakernel_agent.kernels as "
               "k; print(cli.__file__, k.__file__)", cwd=tmp_path)
