@@ -84,7 +84,7 @@ def test_calibration_measures_errors_and_margin_shifts_and_restores_the_models()
     assert (ref.moe_step, base.moe_step) == originals
     assert {"out", "later", "S_first", "conv_first"} <= set(errors)
     assert all(0.0 <= e < 0.05 for vals in errors.values() for e in vals)
-    assert 2 <= len(shifts) <= 2 * len(SMALL.pattern) and all(s >= 0.0 for s in shifts)
+    assert 2 <= len(shifts) <= 2 * len(SMALL.pattern) and all(u >= 0.0 and d >= 0.0 for u, d in shifts)
 
 
 class ScriptedReference:

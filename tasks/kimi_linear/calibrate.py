@@ -3,8 +3,9 @@ the task's tolerances and its near-tie margin.
 
 Two measurements per (seed, layer): the relative-L2 error of every checked tensor, per tolerance class,
 and how far the baseline moves the reference's top-k routing margin (the gap between the k-th and
-(k+1)-th router logits, in bf16 ulps). A faithful implementation can flip the top-k set wherever the
-margin is below that shift, so TIE_ULPS must sit above it. Layers after the baseline's first flipped
+(k+1)-th router logits, in bf16 ulps and in standard deviations of the layer's logits). A faithful
+implementation can flip the top-k set wherever the margin is below that shift, so the tie band (the wider
+of TIE_ULPS and TIE_SPREAD) must sit above it. Layers after the baseline's first flipped
 routing are left out of the shift (their inputs differ by a whole expert).
 `python -m megakernel_agent.tasks.kimi_linear.calibrate --seeds 8 [--device cpu]`.
 """
@@ -25,7 +26,7 @@ from rich.table import Table
 from ..base import Task
 from . import baseline as baseline_mod
 from . import reference as reference_mod
-from .reference import TIE_ULPS, bf16_ulp
+from .reference import TIE_SPREAD, TIE_ULPS, bf16_ulp
 from .task import KimiTask
 
 
@@ -46,9 +47,10 @@ def router_inputs(module) -> Iterator[list[tuple[object, torch.Tensor]]]:
         module.moe_step = original
 
 
-def margin_shifts(cfg, ref_inputs, base_inputs) -> list[float]:
+def margin_shifts(cfg, ref_inputs, base_inputs) -> list[tuple[float, float]]:
     """Per layer, |reference margin - baseline margin| over the reference's k-th and (k+1)-th experts, in
-    ulps; stops after the first layer where the two top-k sets differ."""
+    (ulps, standard deviations of the reference's logits); stops after the first layer where the two top-k
+    sets differ."""
     shifts = []
     for (moe, x_ref), (_, x_base) in zip(ref_inputs, base_inputs, strict=True):
         lr = F.linear(x_ref, moe.router.weight).float()
@@ -58,18 +60,20 @@ def margin_shifts(cfg, ref_inputs, base_inputs) -> list[float]:
         top = torch.topk(lr, cfg.n_active + 1)
         k, n = top.indices[-2], top.indices[-1]
         ulp = bf16_ulp(top.values[-2].item(), top.values[-1].item())
-        shifts.append(abs((lr[k] - lr[n]).item() - (lb[k] - lb[n]).item()) / ulp)
+        shift = abs((lr[k] - lr[n]).item() - (lb[k] - lb[n]).item())
+        shifts.append((shift / ulp, shift / lr.std().item()))
         if set(top.indices[:-1].tolist()) != set(torch.topk(lb, cfg.n_active).indices.tolist()):
             break
     return shifts
 
 
-def calibrate(task: KimiTask, seeds: int, ctx: int, device: torch.device) -> tuple[dict[str, list[float]], list[float]]:
-    """(relative-L2 errors per tolerance class, routing-margin shifts in ulps) of the baseline."""
+def calibrate(task: KimiTask, seeds: int, ctx: int, device: torch.device
+              ) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+    """(relative-L2 errors per tolerance class, routing-margin shifts in (ulps, std)) of the baseline."""
     ref = task.build_reference(device, 0)
     base = task.build_baseline(ref)
     errors: dict[str, list[float]] = {}
-    shifts: list[float] = []
+    shifts: list[tuple[float, float]] = []
     for seed in range(seeds):
         h, st = task.make_inputs(seed, ctx, device)
         with router_inputs(reference_mod) as ref_in:
@@ -101,11 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         table.add_row(cls, str(len(vals)), f"{statistics.median(vals):.4f}", f"{max(vals):.4f}",
                       f"{task.spec.tolerances[cls].rel_l2_max}")
     console.print(table)
-    if shifts:
-        ordered = sorted(shifts)
-        p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
-        console.print(f"top-k margin shift (ulps) over {len(shifts)} layer samples: median "
-                      f"{statistics.median(shifts):.1f}, p99 {p99:.1f}, max {ordered[-1]:.1f}; TIE_ULPS = {TIE_ULPS}")
+    for unit, values, band in (("ulps", [u for u, _ in shifts], f"TIE_ULPS = {TIE_ULPS}"),
+                               ("std", [d for _, d in shifts], f"TIE_SPREAD = {TIE_SPREAD}")):
+        if values:
+            ordered = sorted(values)
+            p99 = ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+            console.print(f"top-k margin shift ({unit}) over {len(values)} layer samples: median "
+                          f"{statistics.median(values):.3g}, p99 {p99:.3g}, max {ordered[-1]:.3g}; {band}")
 
 
 if __name__ == "__main__":
