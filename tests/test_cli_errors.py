@@ -59,6 +59,7 @@ def refused(capsys, *argv: str) -> str:
     (["run", "--resume", str(TRACE), "--kernel", "typo.cu"], "--resume continues the recorded one"),
     (["run", "--planner", "replay"], "the replay planner needs --replay-trace"),
     (["run", "--timeouts", "check=soon"], "'soon' is not a number of seconds"),
+    (["run", "--build-ahead", "-1"], "expected a whole number (0 or more), got '-1'"),
     (["bench", "--task", "nope"], "unknown task 'nope'"),
     (["bench", "--size", "huge"], "unknown size 'huge'"),
     (["bench", "--knob", "NOPE=1"], "unknown knob(s) ['NOPE']; declared: ["),
