@@ -316,8 +316,9 @@ class Session:
                 self._attempt(self._next_id(), retry.planned, retry.parent_id, retry.retry_of)
                 continue
             self.on_progress(step="planning", best=self.best, budget=self.budget)
+            view = self._view()
             try:
-                planned = self.planner.propose(self._view())
+                planned = self.planner.propose(view)
             except PlannerExhausted as e:
                 self.record(PlannerFinished(planner=self.planner.name, message=str(e), llm=e.usage))
                 self._add_usage(e.usage)
@@ -332,14 +333,14 @@ class Session:
                 continue
             planner_failures = 0
             self._add_usage(planned.llm)
-            self._build_ahead(planned)
+            self._build_ahead(planned, view)
             self._attempt(self._next_id(), planned, planned.parent_id or self.best.id)
         return "budget"
 
-    def _build_ahead(self, planned: PlannedVersion) -> None:
-        """Hand the evaluator this proposal and the planner's likely next ones to compile on the CPU while the GPU
-        checks and times (a guess that the next decision overturns costs CPU time only)."""
-        upcoming = self.planner.upcoming(self._view(), LOOKAHEAD + 1)   # the view does not hold `planned` yet
+    def _build_ahead(self, planned: PlannedVersion, view: PlannerView) -> None:
+        """Hand the evaluator this proposal and the planner's likely next ones (foreseen from the view it was
+        proposed from) to compile on the CPU while the GPU checks and times (a wrong guess costs CPU time only)."""
+        upcoming = self.planner.upcoming(view, LOOKAHEAD + 1)   # the view does not hold `planned` yet
         later = [p for p in upcoming if (p.source, p.knobs) != (planned.source, planned.knobs)][:LOOKAHEAD]
         fresh = [p for p in [planned, *later] if self.archive.duplicate_of(p.source, p.knobs) is None]
         self.ev.prebuild([Candidate(source=p.source, knobs=p.knobs) for p in fresh])

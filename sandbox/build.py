@@ -57,8 +57,9 @@ def build_key(task: Task, cand: Candidate, info: DeviceInfo) -> str:
 
 def built_ahead(folder: Path | None, key: str) -> BuiltAhead | None:
     """The build stored under `key` in `folder`, if one was made ahead."""
-    path = folder / f"{key}.json" if folder is not None else None
-    return BuiltAhead.model_validate_json(path.read_text()) if path is not None and path.is_file() else None
+    if folder is None or not (folder / f"{key}.json").is_file():
+        return None
+    return BuiltAhead.model_validate_json((folder / f"{key}.json").read_text())
 
 
 def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLimits | None = None,
