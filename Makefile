@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q "$(TORCH_SPEC)"
-	$(VENV)/bin/pip install -q -e ".[cuda$(CUDA),dev]"
+	$(VENV)/bin/pip install -q -e ".[cuda$(CUDA),dev,cluster]"
 	touch $(STAMP)
 
 .PHONY: setup run test lint

@@ -17,6 +17,7 @@ from megakernel_agent.traces.loader import Trace
 from megakernel_agent.traces.results import EvalResult, PhaseTimeline
 
 CORRECT = ("measured", "kept", "slower")
+IN_FLIGHT = "in flight"
 OWN_FAILURES = ("wrong", "build", "crash", "timeout")
 
 
@@ -67,13 +68,18 @@ class Archive:
 
     def add(self, version: ArchivedVersion, source: str, explicit_knobs: dict[str, int],
             retryable: bool = False) -> None:
-        """Record a version; a retryable failure (our side broke) does not block proposing it again."""
+        """Record a version (again, when an attempt in flight is decided); a retryable failure (our side broke) does
+        not block proposing it again."""
         self._versions[version.id] = version
         self._sources[version.source_sha] = source
         self._explicit_knobs[version.id] = dict(explicit_knobs)
         key = version_key(source, explicit_knobs)
-        if key is not None and not retryable:
+        if key is None:
+            return
+        if not retryable:
             self._keys.setdefault(key, version.id)
+        elif self._keys.get(key) == version.id:   # it was in flight; failed on our side, so it may come again
+            del self._keys[key]
 
     def add_phases(self, vid: str, phases: list[PhaseTimeline]) -> None:
         self._versions[vid].phases = phases
@@ -162,3 +168,13 @@ def archived(vid: str, parent: str | None, name: str, hypothesis: str, source_sh
         registers=r.registers if r else None, local_bytes=r.local_bytes if r else None,
         spill_bytes=build.spill_bytes if build is not None and r else None,
         phases=list(res.phases) if res is not None else [])
+
+
+def in_flight(vid: str, parent: str, planned, cand: Candidate) -> ArchivedVersion:
+    """The archive entry of a version proposed and not decided yet: planners see it (and do not propose it again)."""
+    try:
+        knobs = cand.resolved_knobs()
+    except CandidateError:
+        knobs = dict(cand.knobs)
+    return ArchivedVersion(id=vid, parent_id=parent, name=planned.name, hypothesis=planned.hypothesis,
+                           source_sha=cand.source_sha, knobs=knobs, outcome=IN_FLIGHT)

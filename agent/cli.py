@@ -61,6 +61,18 @@ def default_builders() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
+def gpu_count(text: str) -> str:
+    if text != "all" and (not text.isdigit() or int(text) < 1):
+        raise ValueError(f"expected a positive integer or 'all', got {text!r}")
+    return text
+
+
+def cluster_address(text: str) -> str:
+    if text not in ("auto", "local") and not re.fullmatch(r"ray://[\w.\-\[\]:]+:\d+", text):
+        raise ValueError(f"expected auto, local or ray://HOST:PORT, got {text!r}")
+    return text
+
+
 def count(text: str) -> int:
     if not text.isdigit():
         raise ValueError(f"expected a whole number (0 or more), got {text!r}")
@@ -158,6 +170,30 @@ def cmd_bench(args) -> int:
     return ExitCode.OK if res.ok else ExitCode.FAILED
 
 
+def run_evaluators(args, task, work_dir: Path) -> list:
+    """The session's evaluators: one per GPU asked for, on this host (pinned by CUDA_VISIBLE_DEVICES) or as actors
+    on a Ray cluster. Bad counts, a missing Ray or an unreachable cluster are bad input."""
+    options = dict(timeouts=args.timeouts, build_ahead=args.build_ahead)
+    if args.cluster:
+        from megakernel_agent.sandbox.cluster import ClusterError, cluster_gpus, connect, ray_evaluators
+
+        try:
+            connect(args.cluster)
+            lanes = cluster_gpus(args.gpu_resource) if args.gpus == "all" else int(args.gpus)
+            return ray_evaluators(task.spec.name, task.spec.size, lanes, resource=args.gpu_resource, **options)
+        except ClusterError as e:
+            raise BadInput(str(e)) from e
+    if args.gpu_resource != "GPU":
+        raise BadInput("--gpu-resource only goes with --cluster")
+    from megakernel_agent.sandbox.lanes import GpuCountError, local_evaluators, pick_gpus
+
+    try:
+        gpus = pick_gpus(args.gpus)
+    except GpuCountError as e:
+        raise BadInput(str(e)) from e
+    return local_evaluators(task.spec.name, task.spec.size, gpus, work_dir, **options)
+
+
 def cmd_run(args) -> int:
     from rich.console import Console
 
@@ -167,7 +203,7 @@ def cmd_run(args) -> int:
     from megakernel_agent.agent.run_folder import check_out_dir, missing_folders, remove_folders
     from megakernel_agent.agent.scripted_model import ScriptedModel
     from megakernel_agent.agent.session import Session, StartError, now_tag
-    from megakernel_agent.sandbox.pool import Evaluator, NoGpuError
+    from megakernel_agent.sandbox.pool import NoGpuError
     from megakernel_agent.traces.loader import load
     from megakernel_agent.traces.report import write_report
 
@@ -189,21 +225,28 @@ def cmd_run(args) -> int:
     except (ValueError, OSError, StartError) as e:
         raise BadInput(str(e).splitlines()[0]) from e
     made = missing_folders(out)
-    evaluator = Evaluator(task.spec.name, task.spec.size, work_dir=out / "sandbox", timeouts=args.timeouts,
-                          build_ahead=args.build_ahead)
+    evaluators = run_evaluators(args, task, out / "sandbox")
     try:
-        evaluator.start()
+        evaluators[0].start()   # the others start with the session, side by side
     except NoGpuError:
+        for ev in evaluators:
+            ev.close()
         remove_folders(made)
         raise
     console = Console()
     with contextlib.ExitStack() as stack:
-        stack.callback(evaluator.close)
+        if args.cluster:
+            from megakernel_agent.sandbox.cluster import disconnect
+
+            stack.callback(disconnect)
+        for ev in evaluators:
+            stack.callback(ev.close)
         if scripted is not None:
             stack.enter_context(scripted)
         progress = stack.enter_context(SessionProgress(console, args.budget))
-        session = Session(task, planner, evaluator, args.budget, out, start_source=source,
-                          start_knobs=dict(args.knob or []), resume=resume, on_progress=progress.update)
+        session = Session(task, planner, evaluators, args.budget, out, start_source=source,
+                          start_knobs=dict(args.knob or []), resume=resume, on_progress=progress.update,
+                          inflight=args.inflight)
         try:
             summary = session.run()
         except StartError as e:
@@ -316,6 +359,19 @@ class Parser(argparse.ArgumentParser):
         raise BadInput(f"{message} (see {self.prog} --help)")
 
 
+def add_lane_options(parser: argparse.ArgumentParser) -> None:
+    """Where a session evaluates, and how many proposals it keeps in flight (run, and replay --resume)."""
+    parser.add_argument("--gpus", default="1", type=arg_type(gpu_count), metavar="N|all",
+                        help="GPUs to evaluate on, one warm worker each (this host's, or the cluster's with --cluster)")
+    parser.add_argument("--inflight", type=arg_type(positive_int), metavar="K",
+                        help="proposals evaluated at once (default: one per GPU); more than the GPUs lets the "
+                             "planner propose while they evaluate")
+    parser.add_argument("--cluster", type=arg_type(cluster_address), metavar="auto|local|ray://HOST:PORT",
+                        help="evaluate on a Ray cluster, one actor per GPU (needs pip install '.[cluster]')")
+    parser.add_argument("--gpu-resource", default="GPU", metavar="NAME",
+                        help="with --cluster: the Ray resource one lane holds (a custom one stands for a GPU)")
+
+
 def build_parser() -> Parser:
     ap = Parser(prog=PROG, description=__doc__)
     ap.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
@@ -346,6 +402,7 @@ def build_parser() -> Parser:
                    help="per-phase limits, e.g. check=60,time=120 (phases: startup, build, check, time)")
     r.add_argument("--build-ahead", metavar="N", type=arg_type(count), default=default_builders(),
                    help="candidates compiled at once on the CPU while the GPU evaluates (0: the GPU worker compiles)")
+    add_lane_options(r)
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="build, check and time one kernel (default: the task's seed) vs the baseline")
@@ -368,6 +425,7 @@ def build_parser() -> Parser:
                    help="write a report: OUT.html (self-contained) or OUT.md")
     p.add_argument("--resume", action="store_true", help="continue the session (same as run --resume TRACE)")
     p.add_argument("--budget", default="30m", type=arg_type(budget_seconds), help="with --resume: wall-clock budget")
+    add_lane_options(p)
     p.set_defaults(func=cmd_replay, planner=None, seed=0, model=None, max_cost=5.0, replay_trace=None, kernel=None,
                    knob=None, out=None, task=None, size=None, scripted_model=None, price=None, timeouts=None,
                    build_ahead=default_builders())

@@ -13,9 +13,9 @@ def check_out_dir(out_dir: Path, resumed_trace: Path | None = None, work_dir: Pa
     """Raise RunFolderInUse unless `out_dir` may receive this session's trace, best.cu and report.
 
     A new session needs a folder that does not exist yet, is empty, or holds only the evaluator's `work_dir`
-    (the CLI puts it in the run folder as sandbox/ and creates it before the session starts, and a failed
-    start leaves it behind). A resumed session may also write into the folder of the trace it resumes: that
-    run continues there.
+    or a folder around it (the CLI puts it in the run folder as sandbox/, one sandbox/gpu<n> per GPU, and
+    creates it before the session starts, and a failed start leaves it behind). A resumed session may also
+    write into the folder of the trace it resumes: that run continues there.
     """
     out_dir = Path(out_dir)
     if resumed_trace is not None and out_dir.resolve() == Path(resumed_trace).resolve().parent:
@@ -25,7 +25,8 @@ def check_out_dir(out_dir: Path, resumed_trace: Path | None = None, work_dir: Pa
     if not out_dir.is_dir():
         raise RunFolderInUse(f"{out_dir} is not a folder")
     ours = Path(work_dir).resolve() if work_dir is not None else None
-    held = sorted(p.name for p in out_dir.iterdir() if p.resolve() != ours)
+    held = sorted(p.name for p in out_dir.iterdir()
+                  if ours is None or (p.resolve() != ours and p.resolve() not in ours.parents))
     if held:
         raise RunFolderInUse(f"{out_dir} already holds another run ({', '.join(held[:4])}"
                              f"{', ...' if len(held) > 4 else ''}): choose an empty folder, or resume that run's trace")

@@ -3,7 +3,13 @@
 Every step is recorded the moment it happens, and best.cu is replaced whenever the best changes. The
 session ends within its budget (every phase timeout is capped by what is left, a hung kernel is killed at
 the deadline), on Ctrl-C or SIGTERM, when the trace cannot be written (disk full), or when the planner has
-nothing left to try; it then records session_end, stops the worker and releases the trace.
+nothing left to try; it then records session_end, stops the workers and releases the trace.
+
+Up to `inflight` proposals are evaluated at once, on as many lanes (GPUs) as the session has (agent.lanes):
+the planner proposes on this thread while attempts run on theirs. An attempt's evaluation, its comparison
+with the best and its confirmation run on one lane, under the session's lock from the comparison on, so
+the best cannot move while it is judged. The trace holds proposals in the order made and outcomes in the
+order finished; each proposal names its parent, the best it saw, and the versions in flight.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -45,11 +53,12 @@ from megakernel_agent.traces.schema import (
     SessionStart,
 )
 
-from .archive import Archive, archived
+from .archive import Archive, archived, in_flight
 from .budget import Budget
 from .decision import RULE, Verdict, judge
 from .errors import RunFolderInUse, StartError
 from .interrupts import Interrupted, SessionSignals, reason_for
+from .lanes import Lane, Lanes
 from .planners.base import PlannedVersion, Planner, PlannerExhausted, PlannerFailure, PlannerView
 from .resume import Retry, check_same_task, retries
 from .run_folder import check_out_dir, write_best
@@ -102,7 +111,7 @@ def project_commit() -> str:
     return lines[1] + ("-dirty" if diff.returncode != 0 else "")
 
 
-def environment(device) -> Environment:
+def environment(device, lanes: list | None = None) -> Environment:
     commit = project_commit()
     packages = {}
     for name in ("pydantic", "anthropic", "tenacity", "rich", "matplotlib"):
@@ -110,18 +119,23 @@ def environment(device) -> Environment:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             packages[name] = "absent"
-    return Environment(device=device, python=sys.version.split()[0], platform=platform.platform(terse=True),
-                       project_commit=commit, packages=packages)
+    return Environment(device=device, lanes=lanes or [], python=sys.version.split()[0],
+                       platform=platform.platform(terse=True), project_commit=commit, packages=packages)
 
 
 class Session:
-    """One session over `out_dir` (see agent.run_folder for which folders it accepts). It owns `evaluator`:
-    whatever ends the session, the evaluator is closed and the trace released."""
+    """One session over `out_dir` (see agent.run_folder for which folders it accepts). It owns `evaluator` (one,
+    or a list: one per GPU): whatever ends the session, they are closed and the trace released. Up to
+    `inflight` proposals are evaluated at once (default: one per evaluator)."""
 
     def __init__(self, task: Task, planner: Planner, evaluator, budget_s: float, out_dir: Path,
                  start_source: str | None = None, start_knobs: dict[str, int] | None = None,
-                 resume: Trace | None = None, on_progress=None):
-        self.task, self.planner, self.ev = task, planner, evaluator
+                 resume: Trace | None = None, on_progress=None, inflight: int | None = None):
+        self.task, self.planner = task, planner
+        self.lanes = Lanes(list(evaluator) if isinstance(evaluator, list | tuple) else [evaluator])
+        self.inflight = inflight or len(self.lanes)
+        if self.inflight < 1:
+            raise ValueError(f"inflight must be at least 1 (got {self.inflight})")
         self.budget = Budget(budget_s)
         self.out_dir = Path(out_dir)
         self.resume = resume
@@ -141,22 +155,35 @@ class Session:
         self.device = None
         self.signals = SessionSignals()
         self._start_recorded = False
+        self._lock = threading.RLock()      # the trace, archive, best and results, across attempt threads
+        self._attempts: ThreadPoolExecutor | None = None
+        self._running: dict[Future, str] = {}             # attempt futures -> version id
+        self._queued: dict[str, Candidate] = {}          # in flight, not on a lane yet (built ahead first)
+        self._timed: dict[tuple[str, str], EvalResult] = {}   # (version, GPU) -> its timings on that GPU
+        self._stopping = False
         self.planner.on_error = self._planner_error
         self.tools = SessionTools(self)
         self.planner.tools = self.tools
 
     # ---- recording helpers -------------------------------------------------------------------
 
+    @property
+    def ev(self):
+        """The first lane's evaluator (for what needs no lane of its own: its device, its work folder)."""
+        return self.lanes.first
+
     def record(self, event):
-        """Append one event to the trace, durably (the planner's tools record through this too)."""
-        return self.rec.record(event)
+        """Append one event to the trace, durably (the planner's tools and the attempt threads record through this)."""
+        with self._lock:
+            return self.rec.record(event)
 
     def _planner_error(self, message: str, usage: LlmUsage | None) -> None:
         self.record(PlannerError(id=self._next_id("err"), planner=self.planner.name, message=message, llm=usage))
 
     def _next_id(self, prefix: str = "p") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
+        with self._lock:
+            self.counter += 1
+            return f"{prefix}{self.counter}"
 
     def _set_best(self, version: Version) -> None:
         """The best changed: best.cu follows at once, so a session that dies later still leaves it."""
@@ -175,22 +202,27 @@ class Session:
             archive=self.archive.versions(), budget_left_s=self.budget.remaining(),
         )
 
-    def evaluate(self, label: str, cand: Candidate, **options) -> EvalResult:
-        """Evaluate `cand`; a failure marked retryable (our side broke) is retried once at once, on a fresh
-        worker (the evaluator retires a worker after one), its first try recorded as `<label>~retried`."""
-        res = self._evaluate_once(cand, **options)
-        if res.failure is not None and res.failure.retryable:
+    def evaluate(self, label: str, cand: Candidate, lane: Lane | None = None, **options) -> EvalResult:
+        """Evaluate `cand` on `lane` (default: the first free one); a failure marked retryable (our side broke) is
+        retried once at once, on a fresh worker (the evaluator retires a worker after one), its first try
+        recorded as `<label>~retried`."""
+        if lane is None:
+            with self.lanes.borrow() as free:
+                return self.evaluate(label, cand, free, **options)
+        res = self._evaluate_once(lane, cand, **options)
+        if res.failure is not None and res.failure.retryable and not self._stopping:
             self.record(Evaluate(id=f"{label}~retried", result=res))
-            res = self._evaluate_once(cand, **options)
+            res = self._evaluate_once(lane, cand, **options)
         return res
 
-    def _evaluate_once(self, cand: Candidate, **options) -> EvalResult:
-        return self.count_phases(self.ev.evaluate(cand, deadline=self.budget.deadline(), **options))
+    def _evaluate_once(self, lane: Lane, cand: Candidate, **options) -> EvalResult:
+        return self.count_phases(lane.ev.evaluate(cand, deadline=self.budget.deadline(), **options))
 
     def count_phases(self, res: EvalResult) -> EvalResult:
         """Add an evaluation's seconds per phase to the session's (the summary's seconds_by_phase)."""
-        for phase, secs in res.phase_seconds.items():
-            self.phase_seconds[phase] += secs
+        with self._lock:
+            for phase, secs in res.phase_seconds.items():
+                self.phase_seconds[phase] += secs
         return res
 
     # ---- the session -------------------------------------------------------------------------
@@ -200,7 +232,8 @@ class Session:
         return SessionStart(
             session_id=uuid.uuid4().hex[:12], task=spec.name, size=spec.size, task_spec=spec.model_dump(mode="json"),
             planner=self.planner.name, planner_settings=self.planner.settings(), budget_s=self.budget.total,
-            environment=environment(self.device), resumed_from=self.resume.start.session_id if self.resume else None,
+            environment=environment(self.device, self.lane_devices if len(self.lanes) > 1 else None),
+            resumed_from=self.resume.start.session_id if self.resume else None, inflight=self.inflight,
         )
 
     def _restore(self) -> tuple[str, dict[str, int], str]:
@@ -230,9 +263,11 @@ class Session:
     def _measure(self, vid: str, source: str, knobs: dict[str, int]) -> Version:
         cand = Candidate(source=source, knobs=knobs)
         self.on_progress(step=f"measuring {vid}")
-        res = self.evaluate(vid, cand)
+        with self.lanes.borrow() as lane:
+            res = self.evaluate(vid, cand, lane)
         self.record(Measure(id=vid, source_sha=cand.source_sha, source=source, knobs=res.knobs or knobs,
-                             result=res))
+                             result=res, gpu=lane.gpu(res)))
+        self._timed[(vid.split("@")[0], lane.gpu(res))] = res
         if not res.ok:
             f = res.failure
             raise StartError(f"the starting kernel {vid} is not usable: {f.cls.value} failure in {f.phase}: "
@@ -278,7 +313,8 @@ class Session:
             check_out_dir(self.out_dir, self.trace_path if self.resume else None, getattr(self.ev, "work_dir", None))
             if self.resume:
                 check_same_task(self.resume, self.task.spec)
-            self.device = self.ev.start()
+            self.lane_devices = self.lanes.start()
+            self.device = self.lane_devices[0]
             fresh = not self.out_dir.exists()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             made = fresh
@@ -291,7 +327,7 @@ class Session:
         except BaseException:
             if made and not any(self.out_dir.iterdir()):
                 self.out_dir.rmdir()
-            self.ev.close()
+            self.lanes.close()
             raise
 
     def _measure_and_loop(self) -> str:
@@ -307,21 +343,44 @@ class Session:
         return self._loop()
 
     def _loop(self) -> str:
+        """Propose until the budget or the planner ends it, then wait for the attempts in flight. On an interrupt
+        (or a bug), the attempts are stopped: their workers are killed and what they were doing stays unfinished
+        in the trace (a resumed session retries it)."""
+        self._attempts = ThreadPoolExecutor(self.inflight, thread_name_prefix="attempt")
+        try:
+            reason = self._propose()
+            self._wait_for(0)
+            return reason
+        except BaseException:
+            self._stopping = True
+            self.lanes.abort()
+            raise
+        finally:
+            self._attempts.shutdown(wait=True, cancel_futures=True)
+
+    def _propose(self) -> str:
         planner_failures = 0
         while self.budget.remaining() > END_MARGIN_S:
             if self.signals.received is not None:  # an interrupt that a callee swallowed
                 return reason_for(self.signals.received)
+            self._wait_for(self.inflight - 1)
+            if self.budget.remaining() <= END_MARGIN_S:
+                break
             if self.retries:
                 retry = self.retries.pop(0)
-                self._attempt(self._next_id(), retry.planned, retry.parent_id, retry.retry_of)
+                self._submit(retry.planned, retry.parent_id, retry.retry_of)
                 continue
             self.on_progress(step="planning", best=self.best, budget=self.budget)
-            view = self._view()
+            with self._lock:
+                view = self._view()
             try:
                 planned = self.planner.propose(view)
             except PlannerExhausted as e:
-                self.record(PlannerFinished(planner=self.planner.name, message=str(e), llm=e.usage))
                 self._add_usage(e.usage)
+                if e.usage is None and self._running:   # a search that may find moves around what is in flight
+                    self._wait_for(0)
+                    continue
+                self.record(PlannerFinished(planner=self.planner.name, message=str(e), llm=e.usage))
                 return f"planner finished: {e}"
             except PlannerFailure as e:
                 planner_failures += 1
@@ -333,53 +392,122 @@ class Session:
                 continue
             planner_failures = 0
             self._add_usage(planned.llm)
-            self._build_ahead(planned, view)
-            self._attempt(self._next_id(), planned, planned.parent_id or self.best.id)
+            self._submit(planned, planned.parent_id or self.best.id, view=view)
         return "budget"
 
+    def _wait_for(self, at_most: int) -> None:
+        """Block until no more than `at_most` attempts are in flight; an attempt's exception (a bug, a trace that
+        cannot be written) is raised here."""
+        while len(self._running) > at_most:
+            done, _ = wait(list(self._running), timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in done:
+                del self._running[future]
+                future.result()
+
+    def _submit(self, planned: PlannedVersion, parent_id: str, retry_of: str | None = None,
+                view: PlannerView | None = None) -> None:
+        """Record the proposal and start its attempt on the next free lane; an exact duplicate of a version
+        evaluated or in flight is refused here, before any lane."""
+        cand = Candidate(source=planned.source, knobs=planned.knobs)
+        with self._lock:
+            pid = self._next_id()
+            self.record(Proposal(id=pid, parent_id=parent_id, planner=self.planner.name,
+                                 hypothesis=planned.hypothesis, predicted_change=planned.predicted_change,
+                                 source_sha=cand.source_sha, source=planned.source, knobs=planned.knobs,
+                                 llm=planned.llm, retry_of=retry_of, name=planned.name,
+                                 predicted_us=planned.predicted_us, predicted_phases=planned.predicted_phases,
+                                 best_seen=self.best.id, in_flight=sorted(self._running.values())))
+            self.planner.accepted(pid)
+            twin = self.archive.duplicate_of(planned.source, planned.knobs)
+            if twin is not None:   # refused before the GPU: the same source and knobs were evaluated as `twin`
+                failure = Failure(cls=FailureClass.duplicate, phase="proposal", message=f"the same source and knob "
+                                  f"values as {twin} ({self.archive.get(twin).outcome})")
+                res = EvalResult(task=self.task.spec.name, size=self.task.spec.size, key="", failure=failure)
+                self._decide(pid, planned, parent_id, cand, res, Verdict(kept=False, reason=failure.message), failure)
+                return
+            self.archive.add(in_flight(pid, parent_id, planned, cand), planned.source, planned.knobs)
+            self._queued[pid] = cand
+        self.on_progress(step=f"{pid}: {planned.hypothesis[:60]}", best=self.best, budget=self.budget)
+        if view is not None:
+            self._build_ahead(planned, view)
+        self._running[self._attempts.submit(self._attempt, pid, planned, parent_id)] = pid
+
     def _build_ahead(self, planned: PlannedVersion, view: PlannerView) -> None:
-        """Hand the evaluator this proposal and the planner's likely next ones (foreseen from the view it was
-        proposed from) to compile on the CPU while the GPU checks and times (a wrong guess costs CPU time only)."""
+        """Hand the lanes what waits for a lane, this proposal and the planner's likely next ones (foreseen from
+        the view it was proposed from) to compile on the CPU while the GPUs check and time (a wrong guess costs
+        CPU time only)."""
         upcoming = self.planner.upcoming(view, LOOKAHEAD + 1)   # the view does not hold `planned` yet
         later = [p for p in upcoming if (p.source, p.knobs) != (planned.source, planned.knobs)][:LOOKAHEAD]
-        fresh = [p for p in [planned, *later] if self.archive.duplicate_of(p.source, p.knobs) is None]
-        self.ev.prebuild([Candidate(source=p.source, knobs=p.knobs) for p in fresh])
+        with self._lock:
+            waiting = list(self._queued.values())
+            fresh = [Candidate(source=p.source, knobs=p.knobs) for p in later
+                     if self.archive.duplicate_of(p.source, p.knobs) is None]
+        self.lanes.prebuild(waiting + fresh)
 
     def _add_usage(self, usage: LlmUsage | None) -> None:
         if usage is not None:
-            self.llm_total.calls += usage.calls
-            self.llm_total.cost_usd += usage.cost_usd
+            with self._lock:
+                self.llm_total.calls += usage.calls
+                self.llm_total.cost_usd += usage.cost_usd
 
-    def _attempt(self, pid: str, planned: PlannedVersion, parent_id: str, retry_of: str | None = None) -> None:
+    def _attempt(self, pid: str, planned: PlannedVersion, parent_id: str) -> None:
+        """One attempt, on its own thread: evaluate on a free lane, then judge against the best on that lane's GPU
+        and decide, under the session's lock. Nothing is decided once the session is stopping."""
         cand = Candidate(source=planned.source, knobs=planned.knobs)
-        self.record(Proposal(id=pid, parent_id=parent_id, planner=self.planner.name, hypothesis=planned.hypothesis,
-                             predicted_change=planned.predicted_change, source_sha=cand.source_sha,
-                             source=planned.source, knobs=planned.knobs, llm=planned.llm, retry_of=retry_of,
-                             name=planned.name, predicted_us=planned.predicted_us,
-                             predicted_phases=planned.predicted_phases))
-        self.planner.accepted(pid)
-        self.on_progress(step=f"{pid}: {planned.hypothesis[:60]}", best=self.best, budget=self.budget)
-        twin = self.archive.duplicate_of(planned.source, planned.knobs)
-        if twin is not None:   # refused before the GPU: the same source and knobs were evaluated as `twin`
-            failure = Failure(cls=FailureClass.duplicate, phase="proposal",
-                              message=f"the same source and knob values as {twin} ({self.archive.get(twin).outcome})")
-            res = EvalResult(task=self.task.spec.name, size=self.task.spec.size, key="", failure=failure)
-            self._decide(pid, planned, parent_id, cand, res, Verdict(kept=False, reason=failure.message), failure)
-            return
-        res = self.evaluate(pid, cand)
-        if res.build is not None:
-            self.record(Build(id=pid, result=res.build))
-        self.record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
-        failure = res.failure
-        verdict = judge(self.best.result, res)
+        with self.lanes.borrow() as lane:
+            with self._lock:
+                self._queued.pop(pid, None)
+            if self._stopping:
+                return
+            res = self.evaluate(pid, cand, lane)
+            with self._lock:
+                if self._stopping:
+                    return
+                if res.build is not None:
+                    self.record(Build(id=pid, result=res.build))
+                self.record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
+                gpu = lane.gpu(res)
+                verdict, failure = self._judge(pid, lane, gpu, cand, res)
+                if self._stopping:
+                    return
+                if failure is None and not verdict.kept:
+                    failure = Failure(cls=FailureClass.slower, phase="decision", message=verdict.reason)
+                self._decide(pid, planned, parent_id, cand, res, verdict, failure, gpu)
+
+    def _judge(self, pid: str, lane: Lane, gpu: str, cand: Candidate, res: EvalResult
+               ) -> tuple[Verdict, Failure | None]:
+        """The keep rule against the best's timings on this GPU (the best is timed here first when it never was);
+        a first win is confirmed interleaved on the same lane."""
+        if res.failure is not None:
+            return judge(self.best.result, res), res.failure
+        best_here, failure = self._best_on(pid, lane, gpu)
+        if failure is not None:
+            return Verdict(kept=False, reason=failure.message), failure
+        verdict = judge(best_here, res)
         if verdict.kept:
-            verdict, failure = self._confirm(pid, cand, res)
-        if failure is None and not verdict.kept:
-            failure = Failure(cls=FailureClass.slower, phase="decision", message=verdict.reason)
-        self._decide(pid, planned, parent_id, cand, res, verdict, failure)
+            return self._confirm(pid, lane, gpu, cand, res, best_here)
+        return verdict, None
+
+    def _best_on(self, pid: str, lane: Lane, gpu: str) -> tuple[EvalResult | None, Failure | None]:
+        """The best's timings on `gpu`: from when it was measured or kept there, else timed now on `lane` (recorded
+        as `<pid>~best-on-<lane>`). A re-timing that fails, or lands on another GPU, fails the attempt as infra."""
+        best = self.best
+        known = self._timed.get((best.id, gpu))
+        if known is not None:
+            return known, None
+        label = f"{pid}~best-on-{lane.name}"
+        r = self.evaluate(label, Candidate(source=best.source, knobs=best.knobs), lane, check=False, baseline=False)
+        self.record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
+        if not r.ok or lane.gpu(r) != gpu:
+            why = (f"{r.failure.cls.value}: {r.failure.message[:300]}" if not r.ok
+                   else f"the lane moved from {gpu} to {lane.gpu(r)}")
+            return None, Failure(cls=FailureClass.infra, phase="decision", retryable=True,
+                                 message=f"the best {best.id} could not be timed on this candidate's GPU ({why})")
+        self._timed[(best.id, gpu)] = r
+        return r, None
 
     def _decide(self, pid: str, planned: PlannedVersion, parent_id: str, cand: Candidate, res: EvalResult,
-                verdict: Verdict, failure: Failure | None) -> None:
+                verdict: Verdict, failure: Failure | None, gpu: str = "") -> None:
         """Record the failure (if any) and the decision, archive the version, and move the best if kept."""
         kept = verdict.kept
         if failure is not None:
@@ -389,17 +517,19 @@ class Session:
         version = Version(pid, planned.source, planned.knobs, res) if kept else self.best
         self.record(Decision(id=pid, kept=kept, rule=RULE, reason=verdict.reason, ratio=verdict.ratio,
                              ratio_low=verdict.low, ratio_high=verdict.high,
-                             prediction=planned.predicted_change, outcome=outcome, best_id=version.id))
+                             prediction=planned.predicted_change, outcome=outcome, best_id=version.id, gpu=gpu))
         self.results[pid] = res
         self.archive.add(archived(pid, parent_id, planned.name, planned.hypothesis, cand.source_sha,
                                   "kept" if kept else failure.cls.value,
                                   failure.message if failure else verdict.reason, res),
                          planned.source, planned.knobs, retryable=bool(failure and failure.retryable))
         if kept:
+            self._timed[(pid, gpu)] = res
             self._set_best(version)
 
-    def _confirm(self, pid: str, cand: Candidate, res: EvalResult) -> tuple[Verdict, Failure | None]:
-        """A first win is re-timed interleaved with the best (A B A B) so drift cannot fake a gain.
+    def _confirm(self, pid: str, lane: Lane, gpu: str, cand: Candidate, res: EvalResult, best_here: EvalResult
+                 ) -> tuple[Verdict, Failure | None]:
+        """A first win is re-timed interleaved with the best (A B A B) on the same lane, so drift cannot fake a gain.
 
         The re-timings are recorded as Evaluate events with ids like `p3~confirm-best-1`. A re-timing that
         fails (a hang, a crash) is the attempt's failure with its own class; when it was the best's re-timing
@@ -410,7 +540,7 @@ class Session:
         for i in range(1, 3):
             for runs, which, c in ((a, "best", best_c), (b, "candidate", cand)):
                 label = f"{pid}~confirm-{which}-{i}"
-                r = self.evaluate(label, c, check=False, baseline=False)
+                r = self.evaluate(label, c, lane, check=False, baseline=False)
                 self.record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
                 if not r.ok:
                     f = r.failure
@@ -422,7 +552,7 @@ class Session:
                     return Verdict(kept=False, reason=f"{f.cls.value} while confirming ({which} re-timing): "
                                                       f"{f.message[:300]}"), failure
                 runs.append(r)
-        merged_best = _merge_timings(self.best.result, a)
+        merged_best = _merge_timings(best_here, a)
         merged_cand = _merge_timings(res, b)
         verdict = judge(merged_best, merged_cand)
         verdict.reason = "confirmed interleaved: " + verdict.reason
@@ -459,7 +589,7 @@ class Session:
             note = f"; session_end not written: {e}"
         finally:
             try:
-                self.ev.close()
+                self.lanes.close()
             finally:
                 self.rec.close()
         return note

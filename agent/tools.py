@@ -63,7 +63,8 @@ class NoteInput(BaseModel):
 class ProposeInput(BaseModel):
     """Submit a new version, built on a parent: anchored search/replace edits of the parent's source (or a
     whole new source), knob values merged onto the parent's, a hypothesis and a prediction. It is built,
-    checked against the fp32 reference and timed; the outcome comes back as this call's result."""
+    checked against the fp32 reference and timed; the outcome comes back as this call's result (when the session
+    keeps several in flight, the result may say it is still being evaluated; its outcome then follows later)."""
 
     parent: str = Field("best", description="the version to build on: an id, a name you gave, or 'best'; a "
                                             "failed version may be named to repair it")

@@ -40,6 +40,15 @@ class BuildAhead:
         self._builds: dict[str, Future] = {}
         self._compilers: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._users = 1
+        self._closed = False
+
+    def share(self) -> BuildAhead:
+        """One more user of this pool (evaluators of several GPUs of one host share it); each user closes it once,
+        and the last close is the real one."""
+        with self._lock:
+            self._users += 1
+        return self
 
     def submit(self, cand: Candidate, device: DeviceInfo) -> str | None:
         """Start building `cand` for the GPU `device` describes, unless it is built or being built; returns its
@@ -49,6 +58,8 @@ class BuildAhead:
         except CandidateError:
             return None
         with self._lock:
+            if self._closed:   # the session is ending: the worker compiles, if it is still asked
+                return None
             if key not in self._builds:
                 arch = "sm_" + device.capability.replace(".", "")
                 self._builds[key] = self._pool.submit(self._build, cand, arch, key)
@@ -97,11 +108,24 @@ class BuildAhead:
             else:
                 self._compilers.add(proc)
 
-    def close(self) -> None:
-        """Drop the queued builds, kill the compilers still running (the session is ending) and remove the folder."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def cancel(self) -> None:
+        """Stop building now (the session is stopping): drop the queued builds and kill the running compilers, so
+        that nobody waits for a build."""
         with self._lock:
+            for key, future in list(self._builds.items()):
+                if future.cancel():
+                    del self._builds[key]
             running = list(self._compilers)
         for proc in running:
             proc.kill()
+
+    def close(self) -> None:
+        """The last user's close stops the builds (cancel) and removes the folder."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.cancel()
         shutil.rmtree(self.folder, ignore_errors=True)

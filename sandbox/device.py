@@ -37,5 +37,14 @@ def device_info(device: torch.device) -> DeviceInfo:
         name=props.name, sms=props.multi_processor_count, memory_gb=props.total_memory / 2**30,
         l2_mb=getattr(props, "L2_cache_size", 0) / 2**20, copy_tbs=measure_copy_tbs(device),
         driver=f"{driver // 1000}.{driver % 1000 // 10}", cuda=str(torch.version.cuda), torch=torch.__version__,
-        cupy=cupy.__version__, capability=f"{props.major}.{props.minor}",
+        cupy=cupy.__version__, capability=f"{props.major}.{props.minor}", uuid=gpu_uuid(props),
     )
+
+
+def gpu_uuid(props) -> str:
+    """The GPU's UUID as nvidia-smi writes it ("GPU-" and 32 hex digits in 5 groups), or "" where torch has none."""
+    raw = str(getattr(props, "uuid", "") or "")
+    digits = raw.removeprefix("GPU-").replace("-", "")
+    if len(digits) != 32:
+        return raw
+    return "GPU-" + "-".join(digits[a:b] for a, b in ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32)))

@@ -105,13 +105,14 @@ class Evaluator:
     `extra_env` adds variables to the allow-listed worker environment (tests pass their fake worker's
     settings this way); the environment is fixed when the evaluator is made. With `build_ahead` > 0 this
     process compiles candidates on that many threads (sandbox.build_ahead) and the worker only loads them;
-    `prebuild` starts builds before their evaluation is asked for.
+    `prebuild` starts builds before their evaluation is asked for. `build_ahead` may also be a pool that
+    evaluators of several GPUs share (sandbox.lanes). `name` labels the evaluator's lane in messages.
     """
 
     def __init__(self, task: str, size: str = "full", weight_seed: int = 0, work_dir: Path | None = None,
                  timeouts: PhaseTimeouts | None = None, worker_module: str = "megakernel_agent.sandbox.worker",
-                 extra_env: Mapping[str, str] | None = None, build_ahead: int = 0):
-        self.task, self.size, self.weight_seed = task, size, weight_seed
+                 extra_env: Mapping[str, str] | None = None, build_ahead: int | BuildAhead = 0, name: str = "gpu"):
+        self.task, self.size, self.weight_seed, self.name = task, size, weight_seed, name
         self.worker_module = worker_module
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="mk-sandbox-"))   # never beside the installed code
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +121,12 @@ class Evaluator:
         self._worker: _Worker | None = None
         self._logs = 0
         self._rng = random.SystemRandom()
-        self._ahead = BuildAhead(get_task(task, size), self.work_dir / "builds", build_ahead) if build_ahead else None
+        self._aborted = False
+        self._ahead: BuildAhead | None = None
+        if isinstance(build_ahead, BuildAhead):
+            self._ahead = build_ahead.share()
+        elif build_ahead:
+            self._ahead = BuildAhead(get_task(task, size), self.work_dir / "builds", build_ahead)
         self._env = worker_environment({
             "PYTHONPATH": os.pathsep.join([str(IMPORT_ROOT), os.environ.get("PYTHONPATH", "")]),
             "CUPY_CACHE_DIR": str(self.work_dir / "cupy-cache"), "PYTHONUNBUFFERED": "1", **(extra_env or {})})
@@ -183,8 +189,9 @@ class Evaluator:
 
     def close(self) -> None:
         """Ask the worker to stop, and kill its group whatever happens meanwhile (a second Ctrl-C included)."""
-        if self._ahead is not None:
-            self._ahead.close()
+        ahead, self._ahead = self._ahead, None   # closed once, however often close() is called
+        if ahead is not None:
+            ahead.close()
         w, self._worker = self._worker, None
         if w is None:
             return
@@ -195,6 +202,21 @@ class Evaluator:
             pass
         finally:
             w.kill()
+
+    def abort(self) -> None:
+        """The session is stopping: from any thread, stop the builds and kill the worker's group now. An evaluation
+        in progress on another thread ends as soon as it sees that (its result is not the candidate's), and
+        no evaluation starts again; close() follows."""
+        self._aborted = True
+        ahead = self._ahead
+        if ahead is not None:
+            ahead.cancel()
+        w = self._worker
+        if w is not None:
+            try:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def __enter__(self) -> Evaluator:
         return self
@@ -227,15 +249,19 @@ class Evaluator:
         req = EvalRequest(source=candidate.source, knobs=candidate.knobs,
                           fresh_seeds=self.fresh_seeds(2) if fresh_seeds is None else fresh_seeds, **options)
         base = EvalResult(task=self.task, size=self.size, key="", knobs=candidate.knobs, device=self.device)
+        if self._aborted:
+            return _failed(base, FailureClass.infra, "startup", "the session is stopping")
         try:
             self.start(t.startup if deadline is None else max(1.0, min(t.startup, deadline - time.monotonic())))
         except (WorkerStartError, NoGpuError) as e:
             return _failed(base, FailureClass.infra, "startup", str(e), retryable=True)
-        waited = 0.0
-        if self._ahead is not None:
-            refused, waited = self._build_first(candidate, t, deadline, base)
+        waited, ahead = 0.0, self._ahead   # held here: another thread may close the evaluator meanwhile
+        if ahead is not None:
+            refused, waited = self._build_first(ahead, candidate, t, deadline, base)
             if refused is not None:
                 return refused
+            if self._aborted:
+                return _failed(base, FailureClass.infra, "build", "the session is stopping")
         try:
             res = self._exchange(req, t, deadline, base)
         except BaseException:
@@ -245,16 +271,16 @@ class Evaluator:
             res.phase_seconds["build"] = res.phase_seconds.get("build", 0.0) + waited
         return res
 
-    def _build_first(self, cand: Candidate, t: PhaseTimeouts, deadline: float | None, base: EvalResult
-                     ) -> tuple[EvalResult | None, float]:
+    def _build_first(self, ahead: BuildAhead, cand: Candidate, t: PhaseTimeouts, deadline: float | None,
+                     base: EvalResult) -> tuple[EvalResult | None, float]:
         """Build `cand` here (or wait for its build made ahead) before the worker sees it: (the result when the
         build failed, no worker involved, or None when the worker is to load it or report a broken rule;
         seconds waited)."""
         t0 = time.monotonic()
-        key = self._ahead.submit(cand, self.device)
+        key = ahead.submit(cand, self.device)
         limit = t.build if deadline is None else min(t.build, deadline - t0)
         try:
-            made = self._ahead.result(key, limit) if key is not None else None
+            made = ahead.result(key, limit) if key is not None else None
         except TimeoutError:
             why = "the caller's deadline passed" if deadline is not None and limit < t.build else \
                 f"build exceeded {t.build:.0f} s"

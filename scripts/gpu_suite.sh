@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe throughput validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -83,6 +83,14 @@ for step in "$@"; do
       tail -3 "$OUT/kimi_tests.out"; tail -9 "$OUT/upstream.out"; tail -3 "$OUT/agent_tests.out"
       tail -3 "$OUT/sandbox_tests.out"; tail -3 "$OUT/cheats_tests.out"
       rm -f "$OUT"/*.out "$OUT"/*.err ;;   # at most 8 files come back from the device
+    throughput)  # issue 27: tuner candidates per minute on the Kimi seed at --inflight 1 then 2 (and more), one budget each
+      for k in ${INFLIGHT_LIST:-1 2}; do
+        d=/tmp/mk-rate-$k; rm -rf "$d"
+        timeout 290 python3 run_agent.py run --planner tuner --budget "${SESSION_BUDGET:-2m}" --inflight "$k" \
+          ${SESSION_GPUS:+--gpus "$SESSION_GPUS"} --out "$d" > "/tmp/mk-rate-$k.log" 2>&1
+        tail -4 "/tmp/mk-rate-$k.log"; cp "$d/trace.jsonl" "$OUT/rate_inflight$k.jsonl"
+      done
+      python3 scripts/session_rate.py "$OUT"/rate_inflight*.jsonl 2>&1 | tee "$OUT/rate.txt" ;;
     calib) timeout 300 python3 -m megakernel_agent.tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;
   esac

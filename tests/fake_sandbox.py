@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -55,13 +56,14 @@ class FakeSandbox:
     """`on_close` runs when the session closes the sandbox, before it counts as closed (to inject faults there)."""
 
     def __init__(self, script: Callable[[Candidate, dict], EvalResult | str],
-                 on_close: Callable[[], None] | None = None):
-        self.script = script
+                 on_close: Callable[[], None] | None = None, name: str = "gpu"):
+        self.script, self.name = script, name
         self.on_close = on_close or (lambda: None)
         self.device = DEVICE
         self.calls: list[tuple[Candidate, dict]] = []
         self.prebuilt: list[list[Candidate]] = []   # what the session asked to build ahead, per proposal
         self.closed = False
+        self.aborted = threading.Event()
 
     def start(self, *_):
         return self.device
@@ -73,9 +75,13 @@ class FakeSandbox:
         self.calls.append((cand, options))
         out = self.script(cand, options)
         if out == "hang":
-            time.sleep(max(0.0, (deadline or time.monotonic()) - time.monotonic()))
+            if self.aborted.wait(max(0.0, (deadline or time.monotonic()) - time.monotonic())):
+                return failed(cand, FailureClass.crash, "check", "worker died during check (killed)")
             return failed(cand, FailureClass.timeout, "check", "the caller's deadline passed; worker killed")
         return out
+
+    def abort(self) -> None:
+        self.aborted.set()
 
     def close(self):
         self.on_close()

@@ -7,6 +7,9 @@ The request's source decides the behaviour:
 - GARBAGE, NO_EVENT, UNKNOWN_EVENT, BAD_RESULT, FATAL_MIDWAY: a malformed or unexpected message in check.
 - INFRA: an infra failure marked retryable, retiring the worker (our side broke, not the candidate).
 - ENV_DUMP: writes this process's environment as JSON to $FAKE_WORKER_ENV_OUT.
+- SLEEP: sleeps $FAKE_WORKER_SLEEP_S (default 1) in check, then appends "<pid> <start> <end>" (time.time()) to
+  $FAKE_WORKER_SPANS, so tests can see evaluations overlap across workers.
+- HANG_ONCE: hangs like HANG_CHECK when $FAKE_WORKER_ONCE_FILE does not exist yet (creating it), else passes.
 - anything else: a passing result.
 Before "ready": $FAKE_WORKER_NO_GPU sends the no-GPU fatal message, $FAKE_WORKER_GARBAGE_START a non-JSON line;
 $FAKE_WORKER_CAPABILITY is the compute capability it reports (for building ahead on the CPU).
@@ -73,6 +76,17 @@ def main():
         send(out, {"event": "phase", "phase": "check"})
         if "HANG_CHECK" in src:
             hang_in_check()
+        if "HANG_ONCE" in src:
+            try:
+                os.close(os.open(os.environ["FAKE_WORKER_ONCE_FILE"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                hang_in_check()
+            except FileExistsError:
+                pass
+        if "SLEEP" in src:
+            start = time.time()
+            time.sleep(float(os.environ.get("FAKE_WORKER_SLEEP_S", "1")))
+            with open(os.environ["FAKE_WORKER_SPANS"], "a") as f:
+                f.write(f"{os.getpid()} {start} {time.time()}\n")
         if "ENV_DUMP" in src:
             with open(os.environ["FAKE_WORKER_ENV_OUT"], "w") as f:
                 json.dump(dict(os.environ), f)

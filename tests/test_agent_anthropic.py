@@ -291,3 +291,25 @@ def test_a_resumed_session_numbers_its_tool_calls_and_notes_on_from_the_trace(tm
                 resume=load(tmp_path / "run" / "trace.jsonl")).run()
     ids = [e.id for e in load(tmp_path / "run" / "trace.jsonl").events if e.type in ("tool_call", "note")]
     assert len(ids) == 6 and len(set(ids)) == 6, ids
+
+
+def test_with_two_in_flight_the_model_proposes_while_its_last_version_evaluates_and_hears_the_outcome_later(tmp_path):
+    def slow(cand, opts):
+        time.sleep(0.6 if opts.get("check", True) and cand.source != SRC else 0.0)
+        return sandbox(cand, opts)
+
+    script = [calls(("propose", {"name": "u8", "hypothesis": "unroll 8", "edits": [FASTER]})),
+              calls(("propose", {"name": "a3", "hypothesis": "A=3", "parent": "seed", "knobs": {"A": 3}})),
+              calls(("finish", {"reason": "done"}))]
+    with FakeAnthropic(script) as srv:
+        s = Session(TASK, planner(srv.url), FakeSandbox(slow), 120.0, tmp_path / "run", start_source=SRC, inflight=2)
+        summary = s.run()
+    second, third = srv.requests[1], srv.requests[2]
+    assert "p1: in flight" in last_result(second) and "being evaluated while you plan" in last_result(second)
+    told = [b["text"] for b in third["messages"][-1]["content"] if b.get("type") == "text"]
+    assert any(t.startswith("Decided since: p1: kept") for t in told), told
+    trace = load(tmp_path / "run" / "trace.jsonl")
+    p2 = next(e for e in trace.events if e.type == "proposal" and e.id == "p2")
+    assert p2.in_flight == ["p1"] and p2.best_seen == "seed"
+    assert summary.reason.startswith("planner finished")
+    assert [a.outcome for a in trace.attempts()] == ["kept", "slower"]   # p2 is judged against p1, kept meanwhile

@@ -132,6 +132,7 @@ class DeviceInfo(BaseModel):
     torch: str
     cupy: str
     capability: str
+    uuid: str = Field("", description="the GPU's UUID (nvidia-smi -L): which physical GPU every timing was made on")
 
 
 class PhaseRow(BaseModel):

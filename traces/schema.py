@@ -29,6 +29,7 @@ class Environment(BaseModel):
     """Where the session ran (no hostname): GPU facts plus software and project versions."""
 
     device: DeviceInfo | None = None
+    lanes: list[DeviceInfo] = Field([], description="every evaluation lane's GPU, when the session used several")
     python: str
     platform: str
     project_commit: str
@@ -57,6 +58,7 @@ class SessionStart(_Event):
     budget_s: float
     environment: Environment
     resumed_from: str | None = None
+    inflight: int = Field(1, description="proposals the session kept in flight at once")
 
 
 class Measure(_Event):
@@ -68,6 +70,7 @@ class Measure(_Event):
     source: str | None = None
     knobs: dict[str, int] = {}
     result: EvalResult
+    gpu: str = Field("", description="the GPU (UUID, else the lane) it was timed on: later decisions there use it")
 
 
 class Proposal(_Event):
@@ -84,6 +87,9 @@ class Proposal(_Event):
     retry_of: str | None = Field(None, description="the attempt this one repeats (it never finished, or failed "
                                                      "on our side)")
     name: str = Field("", description="the planner's own label for this version (a parent may be named by it)")
+    best_seen: str | None = Field(None, description="the best version when this was proposed (with several in "
+                                                    "flight, the best may move before this one is decided)")
+    in_flight: list[str] = Field([], description="the versions still being evaluated when this was proposed")
     predicted_us: dict[int, float] = Field({}, description="the planner's predicted µs/token per context")
     predicted_phases: dict[str, float] = Field({}, description="predicted span (µs) of named phases")
 
@@ -114,6 +120,7 @@ class Decision(_Event):
     prediction: str = ""
     outcome: str = ""
     best_id: str
+    gpu: str = Field("", description="the GPU (UUID, else the lane) on which the candidate and the best were compared")
 
 
 class FailureEvent(_Event):

@@ -20,6 +20,7 @@ from .loader import Trace
 from .results import EvalResult
 
 CONFIRM = re.compile(r"(?P<vid>[^~]+)~confirm-(?P<side>best|candidate)-\d+")
+BEST_ON = re.compile(r"(?P<vid>[^~]+)~best-on-.+")   # the best timed on a GPU it had not been timed on
 
 
 @dataclass
@@ -103,20 +104,26 @@ def of_record(trace: Trace) -> dict[str, Timing]:
 
 def judgements(trace: Trace) -> dict[str, Judgement]:
     """For each attempt the rule compared (its decision has a ratio): the comparison per context, against the
-    samples the session held for its best then (a resumed session re-measures the best and judges against that)."""
+    samples the session held for its best then on the decision's GPU (a resumed session re-measures the best and
+    judges against that; a GPU the best was not timed on gets it timed there first, `<id>~best-on-<lane>`)."""
     records, retimed = of_record(trace), _retimings(trace)
-    best, reference = "", {}
+    best_on = {m["vid"]: _samples(e.result) for e in trace.events
+               if e.type == "evaluate" and e.result.ok and (m := BEST_ON.fullmatch(e.id))}
+    best, references = "", {}   # the best, and its samples per GPU
     out = {}
     for e in trace.events:
         if e.type == "measure" and e.result.timings:
-            best, reference = e.id.split("@")[0], _samples(e.result)
+            best, references = e.id.split("@")[0], {e.gpu: _samples(e.result)}
         elif e.type == "decision" and e.id in records:
+            if e.id in best_on:
+                references[e.gpu] = best_on[e.id]
+            reference = references.get(e.gpu)
             if e.ratio is not None and reference:
                 ref = _pooled(reference, retimed.get((e.id, "best"), []))
                 out[e.id] = Judgement(best, {ctx: ratio_interval(ref[ctx], s)
                                              for ctx, s in records[e.id].samples.items() if ref.get(ctx)})
             if e.kept:
-                best, reference = e.id, records[e.id].samples
+                best, references = e.id, {e.gpu: records[e.id].samples}
     return out
 
 

@@ -26,6 +26,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 from megakernel_agent.sandbox.candidate import Candidate, CandidateError, parse_knobs, validate
 from megakernel_agent.traces.schema import LlmUsage
 
+from ..archive import IN_FLIGHT
 from ..edits import EditError, apply_edits
 from ..tools import ProposeInput, tool_schemas
 from .base import PlannedVersion, Planner, PlannerExhausted, PlannerFailure, PlannerView
@@ -70,6 +71,7 @@ class AnthropicPlanner(Planner):
         self.deferred: list[dict] = []           # results of the reply that carried the last proposal
         self.pending: str | None = None          # tool_use id of that proposal
         self.pending_version: str | None = None  # the id the session gave it
+        self.awaiting: list[str] = []            # its versions still in flight when their result was sent
         self._retries = 0
 
     def settings(self) -> dict:
@@ -93,14 +95,18 @@ class AnthropicPlanner(Planner):
             self._say([{"type": "text", "text": opening(view)}])
         elif self.pending is not None:
             outcome = self.tools.outcome(self.pending_version) if self.pending_version else "not evaluated"
+            if self.pending_version and self.tools.entry(self.pending_version).outcome == IN_FLIGHT:
+                self.awaiting.append(self.pending_version)
+                outcome += "\nIt is being evaluated while you plan; its outcome comes in a later message."
             self.summaries[self.pending] = outcome.splitlines()[0][:200]
-            self._say(self.deferred + [_result(self.pending, outcome)])
+            self._say(self.deferred + [_result(self.pending, outcome)] + self._decided_meanwhile())
             self.pending = self.pending_version = None
             self.deferred = []
         elif self.messages[-1]["role"] == "assistant":   # the last turn ended without a proposal
             dangling = [b["id"] for b in self.messages[-1]["content"] if b.get("type") == "tool_use"]
             self._say([_result(i, "not run: the turn ended", error=True) for i in dangling]
-                      + [{"type": "text", "text": f"Budget left: {view.budget_left_s:.0f} s. Continue."}])
+                      + [{"type": "text", "text": f"Budget left: {view.budget_left_s:.0f} s. Continue."}]
+                      + self._decided_meanwhile())
         nudges = 0
         for _ in range(self.max_calls):
             resp = self._call(deadline, turn)
@@ -136,6 +142,13 @@ class AnthropicPlanner(Planner):
                 planned.llm = turn
                 return planned
         raise PlannerFailure(f"no proposal after {self.max_calls} model calls", turn)
+
+    def _decided_meanwhile(self) -> list[dict]:
+        """The outcomes of this planner's versions that were in flight when it last heard of them and are decided
+        now (with several in flight, the session proposes again before an evaluation ends)."""
+        done = [vid for vid in self.awaiting if self.tools.entry(vid).outcome != IN_FLIGHT]
+        self.awaiting = [vid for vid in self.awaiting if vid not in done]
+        return [{"type": "text", "text": f"Decided since: {self.tools.outcome(vid)}"} for vid in done]
 
     def _run_tools(self, uses, turn: LlmUsage) -> PlannedVersion | None:
         """Run every tool call of one reply; a valid proposal is returned (its result waits for the outcome)."""
