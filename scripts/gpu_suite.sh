@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe throughput validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe throughput recovery validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -91,6 +91,18 @@ for step in "$@"; do
         tail -4 "/tmp/mk-rate-$k.log"; cp "$d/trace.jsonl" "$OUT/rate_inflight$k.jsonl"
       done
       python3 scripts/session_rate.py "$OUT"/rate_inflight*.jsonl 2>&1 | tee "$OUT/rate.txt" ;;
+    recovery)  # issue 27: what a wrong candidate costs the next one, inside a session (scripted model: wrong, then honest)
+      d=/tmp/mk-recovery; rm -rf "$d"; mkdir -p "$d"
+      cat > "$d/script.jsonl" <<'JSONL'
+{"model": "claude-sonnet-4-5", "description": "a wrong candidate, then honest ones: the cost of recovering from it"}
+{"content": [{"type": "tool_use", "name": "propose", "input": {"parent": "best", "name": "wrong", "hypothesis": "deliberately wrong: the last residual add scaled by 1.5", "edits": [{"search": "ld_bf16(cx.resid + n) + bf16r(a)", "replace": "ld_bf16(cx.resid + n) + 1.5f * bf16r(a)"}]}}], "stop_reason": "tool_use"}
+{"content": [{"type": "tool_use", "name": "propose", "input": {"parent": "seed", "name": "pf0", "hypothesis": "PREFETCH off", "knobs": {"PREFETCH": 0}}}], "stop_reason": "tool_use"}
+{"content": [{"type": "tool_use", "name": "propose", "input": {"parent": "seed", "name": "ko16", "hypothesis": "KSPLIT_O 16", "knobs": {"KSPLIT_O": 16}}}], "stop_reason": "tool_use"}
+{"content": [{"type": "tool_use", "name": "finish", "input": {"reason": "recovery measured"}}], "stop_reason": "tool_use"}
+JSONL
+      timeout 400 python3 run_agent.py run --scripted-model "$d/script.jsonl" --budget 5m --out "$d/out" 2>&1 | tail -6
+      cp "$d/out/trace.jsonl" "$OUT/recovery.jsonl"
+      python3 scripts/recovery_time.py "$OUT/recovery.jsonl" 2>&1 | tee "$OUT/recovery.txt" ;;
     calib) timeout 300 python3 -m megakernel_agent.tasks.kimi_linear.calibrate --seeds 8 --ctx 2048 2>&1 | tee "$OUT/calibrate.log" ;;
     *) echo "unknown step $step" ;;
   esac
