@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -21,6 +21,8 @@ from megakernel_agent.traces.results import DeviceInfo, EvalResult
 class Lane:
     name: str
     ev: object   # sandbox.pool.Evaluator, sandbox.cluster.RayEvaluator, or a test's stand-in
+    infra_streak: int = 0    # evaluations in a row that failed on our side
+    retired: bool = False    # takes no more evaluations (it kept failing on our side)
 
     def gpu(self, res: EvalResult | None = None) -> str:
         """The GPU a result of this lane was timed on: its UUID, else the lane's name."""
@@ -47,11 +49,20 @@ class Lanes:
         return self.all[0].ev
 
     def start(self) -> list[DeviceInfo]:
-        """Start every lane's worker at once (a worker takes seconds to load its model); the first failure is raised."""
+        """Start every lane's worker at once (a worker takes seconds to load its model). On the first failure (or an
+        interrupt) the other starts are aborted and the failure raised, without waiting for them to load."""
         if len(self.all) == 1:
             return [self.first.start()]
-        with ThreadPoolExecutor(len(self.all), thread_name_prefix="lane-start") as pool:
-            return list(pool.map(lambda lane: lane.ev.start(), self.all))
+        pool = ThreadPoolExecutor(len(self.all), thread_name_prefix="lane-start")
+        futures = [pool.submit(lane.ev.start) for lane in self.all]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+            return [f.result() for f in futures]
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @contextmanager
     def borrow(self) -> Iterator[Lane]:
@@ -65,7 +76,15 @@ class Lanes:
         try:
             yield lane
         finally:
-            self._free.put(lane)
+            if not lane.retired:
+                self._free.put(lane)
+
+    def retire(self, lane: Lane) -> bool:
+        """Take `lane` out of service once it is given back, unless it is the last one working; True if retired."""
+        if lane.retired or sum(not x.retired for x in self.all) <= 1:
+            return False
+        lane.retired = True
+        return True
 
     def prebuild(self, candidates: list[Candidate]) -> None:
         for lane in self.all:

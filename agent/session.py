@@ -46,14 +46,16 @@ from megakernel_agent.traces.schema import (
     FailureEvent,
     LlmUsage,
     Measure,
+    Note,
     PlannerError,
     PlannerFinished,
     Proposal,
     SessionEnd,
     SessionStart,
 )
+from megakernel_agent.traces.timings import best_id as best_of
 
-from .archive import Archive, archived, in_flight
+from .archive import IN_FLIGHT, Archive, archived, in_flight
 from .budget import Budget
 from .decision import RULE, Verdict, judge
 from .errors import RunFolderInUse, StartError
@@ -68,6 +70,7 @@ NUMBERED_ID = re.compile(r"(p|err)(\d+)")   # the ids _next_id hands out; a resu
 END_MARGIN_S = 5.0          # stop proposing when less than this is left
 MAX_PLANNER_FAILURES = 5    # consecutive planner failures that end the session
 LOOKAHEAD = 4               # proposals a planner is asked to foresee, for building ahead
+LANE_INFRA_LIMIT = 3        # infra failures in a row (each already retried once) that retire a lane
 
 
 @dataclass
@@ -245,10 +248,7 @@ class Session:
         for e in tr.events:
             if e.type in ("measure", "evaluate") and e.id in self.archive:
                 self.results[e.id] = e.result.model_copy(update={"build": e.result.build or builds.get(e.id)})
-        best_id = tr.measure.id if tr.measure else None
-        for a in tr.attempts():
-            if a.decision and a.decision.kept:
-                best_id = a.proposal.id
+        best_id = best_of(tr) or None
         self.counter = max((int(m[2]) for e in tr.events if (m := NUMBERED_ID.fullmatch(getattr(e, "id", "")))),
                            default=0)
         self.retries = retries(tr)
@@ -416,7 +416,8 @@ class Session:
                                  source_sha=cand.source_sha, source=planned.source, knobs=planned.knobs,
                                  llm=planned.llm, retry_of=retry_of, name=planned.name,
                                  predicted_us=planned.predicted_us, predicted_phases=planned.predicted_phases,
-                                 best_seen=self.best.id, in_flight=sorted(self._running.values())))
+                                 best_seen=view.best_id if view is not None else self.best.id,
+                                 in_flight=[v.id for v in self.archive.versions() if v.outcome == IN_FLIGHT]))
             self.planner.accepted(pid)
             twin = self.archive.duplicate_of(planned.source, planned.knobs)
             if twin is not None:   # refused before the GPU: the same source and knobs were evaluated as `twin`
@@ -455,14 +456,14 @@ class Session:
         and decide, under the session's lock. Nothing is decided once the session is stopping."""
         cand = Candidate(source=planned.source, knobs=planned.knobs)
         with self.lanes.borrow() as lane:
-            with self._lock:
-                self._queued.pop(pid, None)
-            if self._stopping:
+            if self._stopping or self.budget.remaining() <= END_MARGIN_S:   # too late to start: left for a resume
                 return
             res = self.evaluate(pid, cand, lane)
             with self._lock:
-                if self._stopping:
+                self._queued.pop(pid, None)   # only now: a build it waits for must not be dropped as stale
+                if self._stopping or self._cut_by_budget(res):
                     return
+                self._watch_lane(lane, res)
                 if res.build is not None:
                     self.record(Build(id=pid, result=res.build))
                 self.record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
@@ -473,6 +474,20 @@ class Session:
                 if failure is None and not verdict.kept:
                     failure = Failure(cls=FailureClass.slower, phase="decision", message=verdict.reason)
                 self._decide(pid, planned, parent_id, cand, res, verdict, failure, gpu)
+
+    def _cut_by_budget(self, res: EvalResult) -> bool:
+        """The budget ended during this evaluation: it is not the candidate's timeout, and nothing was judged."""
+        return res.failure is not None and res.failure.cls == FailureClass.timeout and self.budget.remaining() <= 0
+
+    def _watch_lane(self, lane: Lane, res: EvalResult) -> None:
+        """Retire a lane whose evaluations keep failing on our side (a GPU gone, an actor past its restarts), so
+        that it stops taking proposals, unless it is the last lane; the trace notes it."""
+        f = res.failure
+        lane.infra_streak = lane.infra_streak + 1 if f is not None and f.cls == FailureClass.infra else 0
+        if lane.infra_streak >= LANE_INFRA_LIMIT and self.lanes.retire(lane):
+            self.record(Note(id=f"lane-{lane.name}", author="session", kind="observation",
+                             text=f"lane {lane.name} retired after {lane.infra_streak} infra failures in a row; "
+                                  f"the last: {f.message[:300]}"))
 
     def _judge(self, pid: str, lane: Lane, gpu: str, cand: Candidate, res: EvalResult
                ) -> tuple[Verdict, Failure | None]:
@@ -542,6 +557,10 @@ class Session:
                 label = f"{pid}~confirm-{which}-{i}"
                 r = self.evaluate(label, c, lane, check=False, baseline=False)
                 self.record(Evaluate(id=label, result=r.model_copy(update={"build": None})))
+                if r.ok and lane.gpu(r) != gpu:   # an actor restarted elsewhere: these samples are another GPU's
+                    moved = Failure(cls=FailureClass.infra, phase=f"confirm ({which} re-timing)", retryable=True,
+                                    message=f"the lane moved from {gpu} to {lane.gpu(r)} while confirming")
+                    return Verdict(kept=False, reason=moved.message), moved
                 if not r.ok:
                     f = r.failure
                     failure = f.model_copy(update={"phase": f"confirm ({which} re-timing): {f.phase}",

@@ -171,8 +171,9 @@ class SessionTools:
             versions.append(label)
 
         contexts = inp.contexts or None
-        self._on_gpu(lambda: interleave(self.s.ev, pair, inp.rounds, 3, contexts, on_result=record,
-                                        deadline=self.s.budget.deadline()))
+        with self.s.lanes.borrow() as lane:   # both versions on one GPU, and the lane for this call alone
+            self._on_gpu(lambda: interleave(lane.ev, pair, inp.rounds, 3, contexts, on_result=record,
+                                            deadline=self.s.budget.deadline()))
         rows = speedups(pair)
         lines = [f"interleaved A={a} B={b}, {inp.rounds} rounds; speedup of B over A (95% bootstrap interval):"]
         a_us = {r["ctx"]: r["median_us"] for r in rows if r["label"] == a}

@@ -82,7 +82,7 @@ def failed_build(key: str, knobs: dict[str, int], out: CompileOutput, seconds: f
                  ) -> BuildResult:
     """The result of a compile that failed (in a worker, or ahead of it on the CPU)."""
     return BuildResult(ok=False, key=key, knobs=knobs, error=out.error, log=out.log[-20000:], compiler=out.compiler,
-                       confinement=out.confinement, seconds=seconds, built_ahead=ahead)
+                       confinement=out.confinement, seconds=seconds, compile_seconds=out.seconds, built_ahead=ahead)
 
 
 def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict, cubin_dir: Path,
@@ -117,7 +117,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     res = BuildResult(
         ok=True, key=key, knobs=knobs, log=out.log[-20000:], seconds=time.perf_counter() - t0, compiler=out.compiler,
         confinement=out.confinement, spill_bytes=facts["spill_stores"] + facts["spill_loads"],
-        built_ahead=made is not None,
+        built_ahead=made is not None, compile_seconds=out.seconds,
         resources=Resources(
             registers=kernel.registers, local_bytes=kernel.local_bytes, static_smem=kernel.static_smem,
             dynamic_smem=c.dynamic_smem, max_threads=kernel.max_threads, threads=c.threads,

@@ -109,9 +109,10 @@ class BuildAhead:
                 self._compilers.add(proc)
 
     def cancel(self) -> None:
-        """Stop building now (the session is stopping): drop the queued builds and kill the running compilers, so
-        that nobody waits for a build."""
+        """Stop building now (the session is stopping): drop the queued builds, kill the running compilers and take
+        no new ones, so that nobody waits for a build."""
         with self._lock:
+            self._closed = True
             for key, future in list(self._builds.items()):
                 if future.cancel():
                     del self._builds[key]

@@ -20,9 +20,11 @@ from .candidate import Candidate
 from .pool import Evaluator
 
 INSTALL = "running on a cluster needs Ray: pip install 'megakernel-agent[cluster]' (or pip install 'ray>=2.9')"
-CALL_MARGIN_S = 120.0     # beyond the evaluation's own deadline, how long a call may take before the actor is lost
+CALL_MARGIN_S = 30.0      # beyond the evaluation's own deadline, how long a call may take before the actor is lost
 ACTOR_RESTARTS = 3        # Ray restarts a dead lane actor this often over the session
-RESTART_WAIT_S = 120.0    # how long a call waits for its actor to come back from a restart
+RESTART_WAIT_S = 120.0    # how long a call waits for its actor to come back from a restart (within its deadline)
+FREE_WAIT_S = 10.0        # how long to wait for enough free GPUs before refusing
+START_WAIT_S = 900.0      # how long a lane may take to be placed and load its worker, when no limit is given
 
 
 class ClusterError(RuntimeError):
@@ -75,9 +77,12 @@ class RayEvaluator:
     def start(self, startup_timeout: float | None = None) -> DeviceInfo:
         ray = _ray()
         if self.device is None:
-            try:
-                raw = ray.get(self.actor.start.remote(startup_timeout),
-                              timeout=None if startup_timeout is None else startup_timeout + CALL_MARGIN_S)
+            limit = START_WAIT_S if startup_timeout is None else startup_timeout + CALL_MARGIN_S
+            try:   # an actor that cannot be placed (its GPU held by another job) never starts: bounded here
+                raw = ray.get(self.actor.start.remote(startup_timeout), timeout=limit)
+            except ray.exceptions.GetTimeoutError:
+                raise ClusterError(f"lane {self.name} did not start within {limit:.0f} s (is a GPU free for it?)") \
+                    from None
             except ray.exceptions.RayError as e:
                 raise ClusterError(f"lane {self.name} did not start: {_first_line(e)}") from None
             self.device = DeviceInfo.model_validate_json(raw)
@@ -86,7 +91,7 @@ class RayEvaluator:
     def evaluate(self, candidate: Candidate, deadline: float | None = None, **options) -> EvalResult:
         ray = _ray()
         try:
-            self._ready(ray)
+            self._ready(ray, deadline)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ref = self.actor.evaluate.remote(candidate.source, candidate.knobs, left, options)
             res = EvalResult.model_validate_json(ray.get(ref, timeout=None if left is None else left + CALL_MARGIN_S))
@@ -98,13 +103,16 @@ class RayEvaluator:
         self.device = res.device or self.device
         return res
 
-    def _ready(self, ray) -> None:
+    def _ready(self, ray, deadline: float | None) -> None:
         """Wait for the actor to take calls: one coming back from a restart refuses them until its constructor has
-        run. Only this probe is repeated, never an evaluation (one lost with its actor is reported)."""
+        run. Only this probe is repeated, never an evaluation (one lost with its actor is reported). The wait
+        ends by the caller's deadline."""
+        limit = RESTART_WAIT_S if deadline is None else max(1.0, min(RESTART_WAIT_S, deadline - time.monotonic()))
+
         @retry(retry=retry_if_exception(lambda e: isinstance(e, ray.exceptions.ActorUnavailableError)),
-               wait=wait_fixed(1.0), stop=stop_after_delay(RESTART_WAIT_S), reraise=True)
+               wait=wait_fixed(1.0), stop=stop_after_delay(limit), reraise=True)
         def ping() -> None:
-            ray.get(self.actor.ping.remote(), timeout=RESTART_WAIT_S)
+            ray.get(self.actor.ping.remote(), timeout=limit)
         ping()
 
     def _lost(self, candidate: Candidate, message: str) -> EvalResult:
@@ -152,8 +160,11 @@ def disconnect() -> None:
 
 
 def cluster_gpus(resource: str = "GPU") -> int:
-    """How many lanes the cluster can hold: its total of `resource`."""
-    return int(_ray().cluster_resources().get(resource, 0))
+    """How many lanes the cluster can hold now: its free units of `resource` (other jobs may hold some)."""
+    ray = _ray()
+    if not ray.is_initialized():
+        raise ClusterError("not connected to a Ray cluster (sandbox.cluster.connect first)")
+    return int(ray.available_resources().get(resource, 0))
 
 
 def ray_evaluators(task: str, size: str, lanes: int, resource: str = "GPU", build_ahead: int = 0,
@@ -161,9 +172,11 @@ def ray_evaluators(task: str, size: str, lanes: int, resource: str = "GPU", buil
     """`lanes` actors, each holding one unit of `resource` ("GPU", or a custom resource standing for one: a
     test cluster's fake GPUs), each with its own Evaluator; `options` go to every Evaluator."""
     ray = _ray()
-    have = cluster_gpus(resource)
+    end = time.monotonic() + FREE_WAIT_S
+    while (have := cluster_gpus(resource)) < lanes and time.monotonic() < end:
+        time.sleep(0.2)   # lanes of a job that just ended give their GPUs back asynchronously
     if lanes > have:
-        raise ClusterError(f"the cluster has {have} {resource} in all; {lanes} lanes were asked for")
+        raise ClusterError(f"the cluster has {have} {resource} free; {lanes} lanes were asked for")
     held = {"num_gpus": 1} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: 1}}
     actor_class = ray.remote(LaneActor).options(num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, **held)
     return [RayEvaluator(actor_class.remote(dict(task=task, size=size, build_ahead=build_ahead, name=f"ray{i}",

@@ -122,6 +122,7 @@ class Evaluator:
         self._logs = 0
         self._rng = random.SystemRandom()
         self._aborted = False
+        self._starting: _Worker | None = None   # a worker still loading, for abort() to reach
         self._ahead: BuildAhead | None = None
         if isinstance(build_ahead, BuildAhead):
             self._ahead = build_ahead.share()
@@ -156,11 +157,16 @@ class Evaluator:
         finally:
             os.close(log_fd)
         w = _Worker(proc, log_path)
+        self._starting = w
         try:
+            if self._aborted:   # abort() ran while this process was being made
+                os.killpg(proc.pid, signal.SIGKILL)
             msg = self._first_message(w, startup_timeout)
         except BaseException:
             w.kill()
             raise
+        finally:
+            self._starting = None
         if not isinstance(msg, Ready):
             w.kill()
             text = msg.message if isinstance(msg, Fatal) else f"worker sent {msg.event!r} before 'ready'"
@@ -211,12 +217,12 @@ class Evaluator:
         ahead = self._ahead
         if ahead is not None:
             ahead.cancel()
-        w = self._worker
-        if w is not None:
-            try:
-                os.killpg(w.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for w in (self._worker, self._starting):
+            if w is not None:
+                try:
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def __enter__(self) -> Evaluator:
         return self
@@ -254,7 +260,9 @@ class Evaluator:
         try:
             self.start(t.startup if deadline is None else max(1.0, min(t.startup, deadline - time.monotonic())))
         except (WorkerStartError, NoGpuError) as e:
-            return _failed(base, FailureClass.infra, "startup", str(e), retryable=True)
+            return _failed(base, FailureClass.infra, "startup", str(e), retryable=not self._aborted)
+        if self._aborted:
+            return _failed(base, FailureClass.infra, "startup", "the session is stopping")
         waited, ahead = 0.0, self._ahead   # held here: another thread may close the evaluator meanwhile
         if ahead is not None:
             refused, waited = self._build_first(ahead, candidate, t, deadline, base)

@@ -11,7 +11,8 @@ The request's source decides the behaviour:
   $FAKE_WORKER_SPANS, so tests can see evaluations overlap across workers.
 - HANG_ONCE: hangs like HANG_CHECK when $FAKE_WORKER_ONCE_FILE does not exist yet (creating it), else passes.
 - anything else: a passing result.
-Before "ready": $FAKE_WORKER_NO_GPU sends the no-GPU fatal message, $FAKE_WORKER_GARBAGE_START a non-JSON line;
+Before "ready": $FAKE_WORKER_NO_GPU sends the no-GPU fatal message, $FAKE_WORKER_GARBAGE_START a non-JSON line,
+$FAKE_WORKER_START_S sleeps that long (a worker loading its model);
 $FAKE_WORKER_CAPABILITY is the compute capability it reports (for building ahead on the CPU).
 Every result carries the worker's pid, so tests can tell a fresh worker from a reused one.
 """
@@ -60,6 +61,7 @@ def main():
     if os.environ.get("FAKE_WORKER_NO_GPU"):
         send(out, {"event": "fatal", "message": "RuntimeError: no CUDA GPU is visible to this process"})
         return
+    time.sleep(float(os.environ.get("FAKE_WORKER_START_S", "0")))
     if os.environ.get("FAKE_WORKER_GARBAGE_START"):
         send(out, "Warning: something printed to the protocol stream")
     info = DeviceInfo(name="fake", sms=1, memory_gb=1, l2_mb=1, copy_tbs=1, driver="0", cuda="0", torch="0",

@@ -313,3 +313,28 @@ def test_with_two_in_flight_the_model_proposes_while_its_last_version_evaluates_
     assert p2.in_flight == ["p1"] and p2.best_seen == "seed"
     assert summary.reason.startswith("planner finished")
     assert [a.outcome for a in trace.attempts()] == ["kept", "slower"]   # p2 is judged against p1, kept meanwhile
+
+
+def test_the_compare_tool_waits_for_a_free_lane_instead_of_sharing_a_busy_one(tmp_path):
+    import threading
+    running, most, lock = [0], [0], threading.Lock()
+
+    def exclusive(cand, opts):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.4)
+        with lock:
+            running[0] -= 1
+        return sandbox(cand, opts)
+
+    script = [calls(("propose", {"name": "u8", "hypothesis": "unroll 8", "edits": [FASTER]})),
+              calls(("compare", {"a": "seed", "b": "seed", "rounds": 1})),
+              calls(("finish", {"reason": "done"}))]
+    with FakeAnthropic(script) as srv:
+        s = Session(TASK, planner(srv.url), FakeSandbox(exclusive), 120.0, tmp_path / "run", start_source=SRC,
+                    inflight=2)
+        s.run()
+    trace = load(tmp_path / "run" / "trace.jsonl")
+    assert any(e.type == "tool_call" and e.tool == "compare" and e.ok for e in trace.events)
+    assert most[0] == 1, "the compare tool ran on the lane an attempt was using"

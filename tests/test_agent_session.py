@@ -126,7 +126,8 @@ def test_session_ends_within_budget_even_when_every_kernel_hangs(tmp_path):
     s.run()
     assert time.monotonic() - t0 < 8.0 + 10.0
     trace = load(tmp_path / "trace.jsonl")
-    assert any(a.outcome == "timeout" for a in trace.attempts())
+    # cut off by the budget's end, not by its own phase limit: not the candidate's timeout, left for a resume
+    assert [a.outcome for a in trace.attempts()] == ["unfinished"]
     assert trace.events[-1].type == "session_end"
 
 

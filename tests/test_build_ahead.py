@@ -47,6 +47,7 @@ def test_a_failed_build_is_the_result_and_never_reaches_the_worker(tmp_path):
         res = ev.evaluate(Candidate(source=broken))
         assert res.failure is not None and res.failure.cls == FailureClass.build, res.failure
         assert res.build.built_ahead and "error" in res.build.error and res.worker_pid is None
+        assert res.build.compile_seconds > 0, "the compile made ahead keeps its own seconds"
         fine = Candidate(source=GEMV.seed_source())
         ev.prebuild([fine])
         assert ev.evaluate(fine).ok

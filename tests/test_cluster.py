@@ -48,7 +48,7 @@ def test_each_lane_holds_one_fake_gpu_and_evaluations_on_two_lanes_overlap(clust
     spans = tmp_path / "spans"
     evs = lanes(tmp_path, FAKE_WORKER_SPANS=spans, FAKE_WORKER_SLEEP_S=1.5)
     try:
-        with pytest.raises(ClusterError, match="1 lanes were asked for"):
+        with pytest.raises(ClusterError, match="0 no_such_gpu free; 1 lanes were asked for"):
             ray_evaluators("fake", "x", 1, resource="no_such_gpu")
         for ev in evs:
             ev.start()

@@ -24,7 +24,7 @@ from megakernel_agent.traces.render import render
 from megakernel_agent.traces.results import FailureClass
 from megakernel_agent.traces.timings import judgements
 
-from .fake_sandbox import FakeSandbox, timed
+from .fake_sandbox import FakeSandbox, failed, timed
 from .test_agent_session import SRC, TASK, Scripted, synthetic
 from .trace_fixtures import DEVICE
 
@@ -235,3 +235,61 @@ def test_gpus_are_counted_without_touching_cuda(monkeypatch, tmp_path):
     with pytest.raises(GpuCountError, match="cannot count"):
         pick_gpus("2")
     assert subprocess.run(["nvidia-smi"], capture_output=True).returncode == 9
+
+
+def test_the_best_is_the_last_decision_s_even_when_decisions_come_out_of_proposal_order(tmp_path):
+    """p1 (the fastest kernel) takes longer to evaluate than p2: p2 is kept first, then p1 over it. The best, the
+    report and a resume follow the decisions, not the proposal order."""
+    from megakernel_agent.traces.timings import best_id
+
+    def script(cand, _opts):
+        tag = cand.source[len(SRC):]
+        if tag == "fastest" and _opts.get("check", True):
+            time.sleep(1.0)
+        return timed(cand, {"fastest": 80.0, "fast": 90.0}.get(tag, 100.0))
+
+    s = Session(TASK, Scripted([("fastest", {}), ("fast", {})]), lanes_of(script, 2), 60.0, tmp_path,
+                start_source=SRC, inflight=2)
+    s.run()
+    trace, attempts = attempts_complete(tmp_path / "trace.jsonl")
+    decided = [e.id for e in trace.events if e.type == "decision"]
+    assert decided == ["p2", "p1"] and all(a.decision.kept for a in attempts)
+    assert s.best.id == "p1" and best_id(trace) == "p1" and trace.events[-1].best_id == "p1"
+    again = Session(TASK, Scripted([]), lanes_of(script, 1), 60.0, tmp_path, resume=trace)
+    again.run()
+    assert again.seed.id == "p1" and (tmp_path / "best.cu").read_text().endswith("fastest")
+
+
+def test_a_lane_that_keeps_failing_on_our_side_is_retired_and_the_others_go_on(tmp_path):
+    def broken(cand, _opts):
+        return failed(cand, FailureClass.infra, "startup", "the worker did not start", retryable=True)
+
+    good, bad = lanes_of(synthetic, 2)
+    bad.script = lambda c, o: synthetic(c, o) if c.source == SRC and not c.knobs else broken(c, o)
+    s = Session(TASK, TunerPlanner(seed=0), [good, bad], 60.0, tmp_path, start_source=SRC, inflight=2)
+    summary = s.run()
+    trace = load(tmp_path / "trace.jsonl")
+    notes = [e for e in trace.events if e.type == "note" and e.id == "lane-gpu1"]
+    assert len(notes) == 1 and "retired after 3 infra failures" in notes[0].text
+    on_bad = [c for c, o in bad.calls if c.knobs]
+    assert len(on_bad) <= 6, "the retired lane went on taking candidates"   # 3 attempts, each retried once
+    assert s.best.knobs == {"A": 4, "B": 16, "C": 1} and summary.kept >= 3
+
+
+def test_an_abort_reaches_a_worker_that_is_still_starting(tmp_path):
+    evs = local_evaluators("fake", "x", [], tmp_path / "sandbox", worker_module="tests.fake_worker",
+                           extra_env={"FAKE_WORKER_START_S": "30"})
+    ev = evs[0]
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", ev.evaluate(Candidate(source="x"))))
+    try:
+        t.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        ev.abort()
+        t.join(15)
+        assert not t.is_alive() and time.monotonic() - t0 < 10, "the evaluation waited for the worker to load"
+        res = out["res"]
+        assert res.failure.cls == FailureClass.infra and not res.failure.retryable
+    finally:
+        ev.close()

@@ -47,8 +47,8 @@ def timeline(trace: Trace) -> list[dict]:
 
     rows = [row(0, m.id, "starting kernel", "measured", "measured", best_us)] if m else []
     for i, a in enumerate(trace.attempts(), 1):
-        if a.outcome == "kept" and a.proposal.id in records:
-            best_us = records[a.proposal.id].median(ctx)
+        if a.decision is not None and a.decision.best_id in records:   # the best this decision left
+            best_us = records[a.decision.best_id].median(ctx)
         rows.append(row(i, a.proposal.id, a.proposal.hypothesis, a.outcome, shown_outcome(a), best_us)
                     | {"at": a.proposal.at})
     return rows

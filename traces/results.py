@@ -41,7 +41,9 @@ class BuildResult(BaseModel):
     key: str
     knobs: dict[str, int] = {}
     log: str = Field("", description="the compiler's log: diagnostics about the candidate, prelude or CUDA headers")
-    seconds: float = 0.0
+    seconds: float = Field(0.0, description="the build's seconds in the worker: compile (unless built ahead) and load")
+    compile_seconds: float = Field(0.0, description="the compiler's own seconds, wherever it ran (ahead on the CPU, "
+                                                    "or in the worker)")
     cached: bool = False
     resources: Resources | None = None
     spill_bytes: int = Field(0, description="ptxas spill stores + loads of the entry")

@@ -140,6 +140,7 @@ def session_baseline(trace: Trace) -> Baseline | None:
 
 
 def best_id(trace: Trace) -> str:
-    """The last kept attempt, else the starting kernel ("" before it was measured)."""
-    kept = [a.proposal.id for a in trace.attempts() if a.outcome == "kept"]
-    return kept[-1] if kept else trace.measure.id if trace.measure else ""
+    """The best that the last decision left (decisions are recorded in the order made, which with several in
+    flight is not the order proposed), else the starting kernel ("" before it was measured)."""
+    decisions = [e for e in trace.events if e.type == "decision"]
+    return decisions[-1].best_id if decisions else trace.measure.id if trace.measure else ""

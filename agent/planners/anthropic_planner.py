@@ -95,7 +95,7 @@ class AnthropicPlanner(Planner):
             self._say([{"type": "text", "text": opening(view)}])
         elif self.pending is not None:
             outcome = self.tools.outcome(self.pending_version) if self.pending_version else "not evaluated"
-            if self.pending_version and self.tools.entry(self.pending_version).outcome == IN_FLIGHT:
+            if outcome.startswith(f"{self.pending_version}: {IN_FLIGHT}"):   # the text the model gets says so
                 self.awaiting.append(self.pending_version)
                 outcome += "\nIt is being evaluated while you plan; its outcome comes in a later message."
             self.summaries[self.pending] = outcome.splitlines()[0][:200]
