@@ -40,17 +40,17 @@ def timeline(trace: Trace) -> list[dict]:
     m = trace.measure
     best_us = records[m.id].median(ctx) if m and m.id in records else None
 
-    def row(step: int, vid: str, hypothesis: str, outcome: str, shown: str, best: float | None) -> dict:
+    def row(step: int, vid: str, hypothesis: str, outcome: str, shown: str, best: float | None, gpu: str) -> dict:
         us = records[vid].median(ctx) if vid in records else None
         return {"step": step, "id": vid, "hypothesis": hypothesis, "outcome": outcome, "shown": shown, "us": us,
-                "speedup": base.speedup(ctx, us) if base else None, "best_us": best}
+                "speedup": base.speedup(ctx, us) if base else None, "best_us": best, "gpu": gpu}
 
-    rows = [row(0, m.id, "starting kernel", "measured", "measured", best_us)] if m else []
+    rows = [row(0, m.id, "starting kernel", "measured", "measured", best_us, m.gpu)] if m else []
     for i, a in enumerate(trace.attempts(), 1):
         if a.decision is not None and a.decision.best_id in records:   # the best this decision left
             best_us = records[a.decision.best_id].median(ctx)
-        rows.append(row(i, a.proposal.id, a.proposal.hypothesis, a.outcome, shown_outcome(a), best_us)
-                    | {"at": a.proposal.at})
+        rows.append(row(i, a.proposal.id, a.proposal.hypothesis, a.outcome, shown_outcome(a), best_us,
+                        a.decision.gpu if a.decision else "") | {"at": a.proposal.at})
     return rows
 
 
@@ -63,12 +63,17 @@ def render(trace: Trace, console: Console | None = None, this_gpu: str | None = 
                   f"{s.environment.project_commit[:10]}")
     if this_gpu and dev and this_gpu != dev.name:
         console.print(f"[yellow]recorded on {dev.name}; this machine has {this_gpu}: timings are not comparable[/]")
+    lanes = s.environment.lanes
+    if lanes or s.inflight > 1:
+        console.print(f"{max(1, len(lanes))} GPU lane(s), up to {s.inflight} in flight: each row's µs are its own "
+                      "GPU's (the GPU column); every decision compared versions on one GPU")
     for w in trace.warnings:
         console.print(f"[yellow]warning: {w}[/]")
     ctx = primary_ctx(trace)
     t = Table(title=f"timeline (µs/token at ctx {ctx})")
-    for col, just in (("#", "right"), ("id", "left"), ("hypothesis", "left"), ("outcome", "left"),
-                      ("µs/tok", "right"), ("speedup", "right"), ("best µs", "right")):
+    columns = [("#", "right"), ("id", "left"), ("hypothesis", "left"), ("outcome", "left"), ("µs/tok", "right"),
+               ("speedup", "right"), ("best µs", "right")] + ([("GPU", "left")] if len(lanes) > 1 else [])
+    for col, just in columns:
         if col == "hypothesis":
             t.add_column(col, justify=just, overflow="ellipsis", no_wrap=True, max_width=28)
         else:
@@ -78,7 +83,7 @@ def render(trace: Trace, console: Console | None = None, this_gpu: str | None = 
         color = colors.get(r["shown"], "red")
         t.add_row(str(r["step"]), r["id"], r["hypothesis"][:90], f"[{color}]{r['shown']}[/]",
                   f"{r['us']:.1f}" if r["us"] else "-", f"{r['speedup']:.1f}x" if r["speedup"] else "-",
-                  f"{r['best_us']:.1f}" if r["best_us"] else "-")
+                  f"{r['best_us']:.1f}" if r["best_us"] else "-", *([r["gpu"][-12:] or "-"] if len(lanes) > 1 else []))
     console.print(t)
     end = next((e for e in reversed(trace.events) if e.type == "session_end"), None)
     if end:
