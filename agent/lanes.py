@@ -56,7 +56,10 @@ class Lanes:
         pool = ThreadPoolExecutor(len(self.all), thread_name_prefix="lane-start")
         futures = [pool.submit(lane.ev.start) for lane in self.all]
         try:
-            wait(futures, return_when=FIRST_EXCEPTION)
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            failed = next((f for f in done if f.exception() is not None), None)
+            if failed is not None:   # raised now, not after the lanes still loading
+                raise failed.exception()
             return [f.result() for f in futures]
         except BaseException:
             self.abort()
@@ -88,7 +91,8 @@ class Lanes:
 
     def prebuild(self, candidates: list[Candidate]) -> None:
         for lane in self.all:
-            lane.ev.prebuild(candidates)
+            if not lane.retired:
+                lane.ev.prebuild(candidates)
 
     def abort(self) -> None:
         """Kill every lane's running evaluation (the session is stopping)."""

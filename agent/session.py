@@ -33,6 +33,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from megakernel_agent.sandbox.candidate import Candidate, parse_knobs, with_knob_defaults
+from megakernel_agent.sandbox.pool import DEADLINE_PASSED
 from megakernel_agent.tasks.base import ROOT, Task
 from megakernel_agent.traces.loader import Trace
 from megakernel_agent.traces.recorder import Recorder, TraceInUse, TraceWriteError
@@ -371,8 +372,7 @@ class Session:
                 self._submit(retry.planned, retry.parent_id, retry.retry_of)
                 continue
             self.on_progress(step="planning", best=self.best, budget=self.budget)
-            with self._lock:
-                view = self._view()
+            view = self._view()   # not under the lock: an attempt confirming a win holds it for seconds
             try:
                 planned = self.planner.propose(view)
             except PlannerExhausted as e:
@@ -431,7 +431,7 @@ class Session:
         self.on_progress(step=f"{pid}: {planned.hypothesis[:60]}", best=self.best, budget=self.budget)
         if view is not None:
             self._build_ahead(planned, view)
-        self._running[self._attempts.submit(self._attempt, pid, planned, parent_id)] = pid
+        self._running[self._attempts.submit(self._attempt, pid, planned, parent_id, retry_of)] = pid
 
     def _build_ahead(self, planned: PlannedVersion, view: PlannerView) -> None:
         """Hand the lanes what waits for a lane, this proposal and the planner's likely next ones (foreseen from
@@ -451,7 +451,7 @@ class Session:
                 self.llm_total.calls += usage.calls
                 self.llm_total.cost_usd += usage.cost_usd
 
-    def _attempt(self, pid: str, planned: PlannedVersion, parent_id: str) -> None:
+    def _attempt(self, pid: str, planned: PlannedVersion, parent_id: str, retry_of: str | None = None) -> None:
         """One attempt, on its own thread: evaluate on a free lane, then judge against the best on that lane's GPU
         and decide, under the session's lock. Nothing is decided once the session is stopping."""
         cand = Candidate(source=planned.source, knobs=planned.knobs)
@@ -461,7 +461,7 @@ class Session:
             res = self.evaluate(pid, cand, lane)
             with self._lock:
                 self._queued.pop(pid, None)   # only now: a build it waits for must not be dropped as stale
-                if self._stopping or self._cut_by_budget(res):
+                if self._stopping or self._cut_by_budget(res.failure):
                     return
                 self._watch_lane(lane, res)
                 if res.build is not None:
@@ -469,15 +469,21 @@ class Session:
                 self.record(Evaluate(id=pid, result=res.model_copy(update={"build": None})))
                 gpu = lane.gpu(res)
                 verdict, failure = self._judge(pid, lane, gpu, cand, res)
-                if self._stopping:
+                if self._stopping or self._cut_by_budget(failure):   # a re-timing ran into the budget's end
                     return
                 if failure is None and not verdict.kept:
                     failure = Failure(cls=FailureClass.slower, phase="decision", message=verdict.reason)
                 self._decide(pid, planned, parent_id, cand, res, verdict, failure, gpu)
+                if failure is not None and failure.retryable and retry_of is None and len(self.lanes) > 1:
+                    self.retries.append(Retry(planned, parent_id, retry_of=pid))   # once more, maybe on another lane
 
-    def _cut_by_budget(self, res: EvalResult) -> bool:
-        """The budget ended during this evaluation: it is not the candidate's timeout, and nothing was judged."""
-        return res.failure is not None and res.failure.cls == FailureClass.timeout and self.budget.remaining() <= 0
+    @staticmethod
+    def _cut_by_budget(failure: Failure | None) -> bool:
+        """The session's deadline (the budget's end) cut this evaluation, or a re-timing of the attempt, short: not
+        the candidate's timeout, and nothing to judge. Read from the failure itself, not the clock, so a real
+        timeout decided after the budget ended is still the candidate's."""
+        return failure is not None and failure.cls in (FailureClass.timeout, FailureClass.infra) \
+            and DEADLINE_PASSED in failure.message
 
     def _watch_lane(self, lane: Lane, res: EvalResult) -> None:
         """Retire a lane whose evaluations keep failing on our side (a GPU gone, an actor past its restarts), so
@@ -485,7 +491,8 @@ class Session:
         f = res.failure
         lane.infra_streak = lane.infra_streak + 1 if f is not None and f.cls == FailureClass.infra else 0
         if lane.infra_streak >= LANE_INFRA_LIMIT and self.lanes.retire(lane):
-            self.record(Note(id=f"lane-{lane.name}", author="session", kind="observation",
+            self.record(Note(id=f"lane-{lane.name}-{self.counter}", author="session",
+                             kind="observation",
                              text=f"lane {lane.name} retired after {lane.infra_streak} infra failures in a row; "
                                   f"the last: {f.message[:300]}"))
 

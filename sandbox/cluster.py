@@ -24,7 +24,7 @@ CALL_MARGIN_S = 30.0      # beyond the evaluation's own deadline, how long a cal
 ACTOR_RESTARTS = 3        # Ray restarts a dead lane actor this often over the session
 RESTART_WAIT_S = 120.0    # how long a call waits for its actor to come back from a restart (within its deadline)
 FREE_WAIT_S = 10.0        # how long to wait for enough free GPUs before refusing
-START_WAIT_S = 900.0      # how long a lane may take to be placed and load its worker, when no limit is given
+START_WAIT_S = 300.0      # how long a lane may take to be placed and load its worker, when no limit is given
 
 
 class ClusterError(RuntimeError):
@@ -175,7 +175,7 @@ def ray_evaluators(task: str, size: str, lanes: int, resource: str = "GPU", buil
     end = time.monotonic() + FREE_WAIT_S
     while (have := cluster_gpus(resource)) < lanes and time.monotonic() < end:
         time.sleep(0.2)   # lanes of a job that just ended give their GPUs back asynchronously
-    if lanes > have:
+    if lanes < 1 or lanes > have:
         raise ClusterError(f"the cluster has {have} {resource} free; {lanes} lanes were asked for")
     held = {"num_gpus": 1} if resource == "GPU" else {"num_gpus": 0, "resources": {resource: 1}}
     actor_class = ray.remote(LaneActor).options(num_cpus=0, max_concurrency=4, max_restarts=ACTOR_RESTARTS, **held)

@@ -42,6 +42,7 @@ from .protocol import (
 )
 
 MAX_LINE = 64 << 20  # a worker that streams bytes without a newline is broken, not slow
+DEADLINE_PASSED = "the caller's deadline passed"   # how a result cut off by the caller's deadline says so
 
 
 class NoGpuError(RuntimeError):
@@ -290,7 +291,7 @@ class Evaluator:
         try:
             made = ahead.result(key, limit) if key is not None else None
         except TimeoutError:
-            why = "the caller's deadline passed" if deadline is not None and limit < t.build else \
+            why = DEADLINE_PASSED if deadline is not None and limit < t.build else \
                 f"build exceeded {t.build:.0f} s"
             return _failed(base, FailureClass.timeout, "build", f"{why} (compiling ahead, on the CPU)"), limit
         waited = time.monotonic() - t0
@@ -325,7 +326,7 @@ class Evaluator:
                                f"worker protocol error during {phase}: {e}; worker killed", retryable=True)
             if msg is None:
                 self._retire()
-                why = ("the caller's deadline passed" if deadline is not None and time.monotonic() >= deadline
+                why = (DEADLINE_PASSED if deadline is not None and time.monotonic() >= deadline
                        else f"{phase} exceeded {limits.get(phase, t.time):.0f} s")
                 return _failed(base, FailureClass.timeout, phase, f"{why}; worker process group killed")
             if isinstance(msg, PhaseStarted):

@@ -17,6 +17,7 @@ from rich.console import Console
 from megakernel_agent.agent.archive import Archive
 from megakernel_agent.agent.planners.base import PlannedVersion, Planner, PlannerExhausted
 from megakernel_agent.agent.planners.tuner import TunerPlanner
+from megakernel_agent.agent.resume import retries
 from megakernel_agent.agent.session import Session
 from megakernel_agent.sandbox.candidate import Candidate
 from megakernel_agent.sandbox.lanes import GpuCountError, host_gpus, local_evaluators, pick_gpus
@@ -274,10 +275,15 @@ def test_a_lane_that_keeps_failing_on_our_side_is_retired_and_the_others_go_on(t
     s = Session(TASK, TunerPlanner(seed=0), [good, bad], 60.0, tmp_path, start_source=SRC, inflight=2)
     summary = s.run()
     trace = load(tmp_path / "trace.jsonl")
-    notes = [e for e in trace.events if e.type == "note" and e.id == "lane-gpu1"]
+    notes = [e for e in trace.events if e.type == "note" and e.id.startswith("lane-gpu1-")]
     assert len(notes) == 1 and "retired after 3 infra failures" in notes[0].text
     on_bad = [e for e in trace.events if e.type == "decision" and e.gpu in ("gpu1", "GPU-1")]
     assert len(on_bad) == 3, "the retired lane went on taking candidates"
+    by_id = {a.proposal.id: a for a in trace.attempts()}
+    first_tries = {e.id for e in on_bad if not by_id[e.id].proposal.retry_of}
+    assert first_tries <= {a.proposal.retry_of for a in by_id.values()}, "a candidate its lane failed was not retried"
+    later = [e for e in trace.events[trace.events.index(notes[0]):] if e.type == "decision"][1:]   # after its last
+    assert later and not any(e.gpu in ("gpu1", "GPU-1") for e in later), "the retired lane decided again"
     assert s.best.knobs == {"A": 4, "B": 16, "C": 1} and summary.kept >= 3
 
 
@@ -298,3 +304,55 @@ def test_an_abort_reaches_a_worker_that_is_still_starting(tmp_path):
         assert res.failure.cls == FailureClass.infra and not res.failure.retryable
     finally:
         ev.close()
+
+
+def test_a_win_whose_confirmation_runs_into_the_budget_s_end_is_left_for_a_resume(tmp_path):
+    def script(cand, opts):
+        if cand.source.endswith("win"):
+            return "hang" if not opts.get("check", True) else timed(cand, 80.0)   # the re-timing hits the deadline
+        return timed(cand, 100.0)
+
+    Session(TASK, Scripted([("win", {})]), [FakeSandbox(script)], 7.0, tmp_path, start_source=SRC).run()
+    trace = load(tmp_path / "trace.jsonl")
+    assert [a.outcome for a in trace.attempts()] == ["unfinished"]
+    assert [r.retry_of for r in retries(trace)] == ["p1"]
+
+
+def test_a_candidate_s_own_timeout_is_its_own_even_when_decided_after_the_budget_s_end(tmp_path):
+    """p2 times out on its own at ~3 s of a 12-s budget, but gets the session's lock only after p1's confirmation
+    (re-timings of 3.5 s each) has run past the budget's end: still p2's timeout, read from its failure."""
+    def script(cand, opts):
+        tail = cand.source[len(SRC):]
+        if not opts.get("check", True):
+            time.sleep(3.5)
+        if tail == "win":
+            time.sleep(0.5)
+            return timed(cand, 80.0)
+        if tail == "hangs":
+            time.sleep(3.0)
+            return failed(cand, FailureClass.timeout, "check", "check exceeded 3 s; worker process group killed")
+        return timed(cand, 100.0)
+
+    Session(TASK, Scripted([("win", {}), ("hangs", {})]), lanes_of(script, 2), 12.0, tmp_path, start_source=SRC,
+            inflight=2).run()
+    outcomes = {a.proposal.id: a.outcome for a in load(tmp_path / "trace.jsonl").attempts()}
+    assert outcomes["p2"] == "timeout", outcomes
+
+
+def test_a_failed_lane_start_is_raised_at_once_while_another_lane_still_loads(tmp_path):
+    from megakernel_agent.agent.lanes import Lanes
+
+    class Slow(FakeSandbox):
+        def start(self, *_):
+            self.aborted.wait(30)
+            return self.device
+
+    class Broken(FakeSandbox):
+        def start(self, *_):
+            raise RuntimeError("no GPU 1")
+
+    slow = Slow(synthetic, name="gpu0")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="no GPU 1"):
+        Lanes([slow, Broken(synthetic, name="gpu1")]).start()
+    assert time.monotonic() - t0 < 5 and slow.aborted.is_set(), "the loading lane was not aborted"
