@@ -192,10 +192,15 @@ class Evaluator:
     def start(self, startup_timeout: float | None = None) -> DeviceInfo:
         if self._worker is None:
             self._worker = self._spawn(startup_timeout or self.timeouts.startup)
+            if self._aborted:   # abort() or close() ran from another thread while this worker loaded
+                self._retire()
+                raise WorkerStartError("the session is stopping")
         return self.device
 
     def close(self) -> None:
-        """Ask the worker to stop, and kill its group whatever happens meanwhile (a second Ctrl-C included)."""
+        """Ask the worker to stop, and kill its group whatever happens meanwhile (a second Ctrl-C included). A worker
+        that another thread is still starting is stopped as soon as it is ready."""
+        self._aborted = True
         ahead, self._ahead = self._ahead, None   # closed once, however often close() is called
         if ahead is not None:
             ahead.close()
