@@ -80,11 +80,29 @@ def test_both_sides_of_a_near_tie_pass_and_a_wrong_routing_fails():
 
 def test_calibration_measures_errors_and_margin_shifts_and_restores_the_models():
     originals = (ref.moe_step, base.moe_step)
-    errors, shifts = calibrate(KimiTask("small"), seeds=2, ctx=9, device=CPU)
+    errors, shifts, flipped = calibrate(KimiTask("small"), seeds=2, ctx=9, device=CPU)
     assert (ref.moe_step, base.moe_step) == originals
-    assert {"out", "later", "S_first", "conv_first"} <= set(errors)
+    assert not flipped and {"out", "later", "S_first", "conv_first"} <= set(errors)
     assert all(0.0 <= e < 0.05 for vals in errors.values() for e in vals)
     assert 2 <= len(shifts) <= 2 * len(SMALL.pattern) and all(u >= 0.0 and d >= 0.0 for u, d in shifts)
+
+
+def test_a_routing_flip_is_judged_by_each_model_s_own_rule():
+    """Experts 1 and 2 tie exactly in the reference's logits, which routes to the lower index; the baseline's
+    input puts expert 2 ahead. torch.topk on the reference's logits could pick either, so it cannot tell."""
+    from types import SimpleNamespace
+
+    from megakernel_agent.tasks.kimi_linear.calibrate import margin_shifts
+
+    cfg = SimpleNamespace(n_active=2)
+    tie = SimpleNamespace(router=SimpleNamespace(weight=torch.tensor([[3.0, 0], [2, 0], [2, 0.001], [1, 0]])))
+    clear = SimpleNamespace(router=SimpleNamespace(weight=torch.tensor([[3.0, 0], [2, 0], [1.5, 0], [1, 0]])))
+    x_ref, x_base = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])
+    shifts, flip = margin_shifts(cfg, [(tie, x_ref), (clear, x_ref)], [(tie, x_base), (clear, x_ref)])
+    assert flip and len(shifts) == 1, "the flip at the exact tie was missed (or a later layer counted)"
+    assert abs(shifts[0][1] - 0.001 / torch.tensor([3.0, 2, 2, 1]).std().item()) < 1e-4
+    shifts, flip = margin_shifts(cfg, [(clear, x_ref)] * 2, [(clear, x_ref)] * 2)
+    assert not flip and shifts == [(0.0, 0.0), (0.0, 0.0)]
 
 
 class ScriptedReference:
