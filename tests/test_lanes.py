@@ -23,6 +23,7 @@ from megakernel_agent.sandbox.candidate import Candidate
 from megakernel_agent.sandbox.lanes import GpuCountError, host_gpus, local_evaluators, pick_gpus
 from megakernel_agent.traces.loader import load
 from megakernel_agent.traces.render import render
+from megakernel_agent.traces.report import write_report
 from megakernel_agent.traces.results import FailureClass
 from megakernel_agent.traces.timings import judgements
 
@@ -116,6 +117,9 @@ def test_a_candidate_is_judged_against_the_best_timed_on_its_own_gpu(tmp_path):
     render(trace, shown)
     text = shown.export_text()
     assert "2 GPU lane(s), up to 1 in flight" in text and "GPU-1" in text and "GPU-0" in text
+    write_report(trace, tmp_path / "report.md")
+    report = (tmp_path / "report.md").read_text()
+    assert "evaluated on 2 GPUs" in report and "| GPU |" in report.replace("|GPU|", "| GPU |")
     judged = judgements(trace)   # the report recomputes each comparison on the decision's own GPU
     assert judged["p1"].against == "seed" and all(r < 1.0 for r, _, _ in judged["p1"].ratios.values())
     assert judged["p3"].against == "p2" and all(1.05 < r < 1.2 for r, _, _ in judged["p3"].ratios.values())

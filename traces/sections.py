@@ -35,12 +35,18 @@ def _f(x: float | None, fmt: str) -> str:
 
 def timeline_table(trace: Trace) -> Table:
     ctx, base = primary_ctx(trace), session_baseline(trace)
+    several = len(trace.start.environment.lanes) > 1
     rows = [[str(r["step"]), r["id"], r["hypothesis"], r["shown"], _f(r["us"], ".1f"),
-             _f(r["speedup"], ".1f") + ("x" if r["speedup"] else ""), _f(r["best_us"], ".1f")] for r in timeline(trace)]
+             _f(r["speedup"], ".1f") + ("x" if r["speedup"] else ""), _f(r["best_us"], ".1f"),
+             *([r["gpu"] or "-"] if several else [])] for r in timeline(trace)]
     caption = (f"µs/token at ctx {ctx}: each version's timing of record (a confirmed version's pools its "
                f"re-timings); speedup over the baseline timed with {base.timed_with if base else 'no version'}; "
-               f"best µs: the kept version's figure so far.")
-    return Table("Timeline", caption, ["step", "id", "hypothesis", "outcome", "µs/token", "speedup", "best µs"], rows)
+               f"best µs: the best's figure after this row's decision."
+               + (f" The session evaluated on {len(trace.start.environment.lanes)} GPUs: each row's µs are its own "
+                  "GPU's, and each decision compared versions on one GPU (the best is timed there first)."
+                  if several else ""))
+    return Table("Timeline", caption, ["step", "id", "hypothesis", "outcome", "µs/token", "speedup", "best µs",
+                                       *(["GPU"] if several else [])], rows)
 
 
 def per_context(trace: Trace) -> Table:
