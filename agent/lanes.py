@@ -48,13 +48,14 @@ class Lanes:
     def first(self):
         return self.all[0].ev
 
-    def start(self) -> list[DeviceInfo]:
-        """Start every lane's worker at once (a worker takes seconds to load its model). On the first failure (or an
-        interrupt) the other starts are aborted and the failure raised, without waiting for them to load."""
+    def start(self, limit: float | None = None) -> list[DeviceInfo]:
+        """Start every lane's worker at once (a worker takes seconds to load its model), each within `limit` s when
+        given. On the first failure (or an interrupt) the other starts are aborted and the failure raised,
+        without waiting for them to load."""
         if len(self.all) == 1:
-            return [self.first.start()]
+            return [self.first.start(limit)]
         pool = ThreadPoolExecutor(len(self.all), thread_name_prefix="lane-start")
-        futures = [pool.submit(lane.ev.start) for lane in self.all]
+        futures = [pool.submit(lane.ev.start, limit) for lane in self.all]
         try:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = next((f for f in done if f.exception() is not None), None)

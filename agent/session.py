@@ -314,7 +314,7 @@ class Session:
             check_out_dir(self.out_dir, self.trace_path if self.resume else None, getattr(self.ev, "work_dir", None))
             if self.resume:
                 check_same_task(self.resume, self.task.spec)
-            self.lane_devices = self.lanes.start()
+            self.lane_devices = self.lanes.start(self.budget.remaining())   # a lane never placed ends the start
             self.device = self.lane_devices[0]
             fresh = not self.out_dir.exists()
             self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,7 @@ class RayEvaluator:
     def start(self, startup_timeout: float | None = None) -> DeviceInfo:
         ray = _ray()
         if self.device is None:
-            limit = START_WAIT_S if startup_timeout is None else startup_timeout + CALL_MARGIN_S
+            limit = START_WAIT_S if startup_timeout is None else min(START_WAIT_S, startup_timeout + CALL_MARGIN_S)
             try:   # an actor that cannot be placed (its GPU held by another job) never starts: bounded here
                 raw = ray.get(self.actor.start.remote(startup_timeout), timeout=limit)
             except ray.exceptions.GetTimeoutError:

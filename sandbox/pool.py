@@ -190,8 +190,10 @@ class Evaluator:
         return msg
 
     def start(self, startup_timeout: float | None = None) -> DeviceInfo:
+        """Start the worker unless it runs; `startup_timeout` caps the configured start-up limit."""
         if self._worker is None:
-            self._worker = self._spawn(startup_timeout or self.timeouts.startup)
+            limit = self.timeouts.startup if startup_timeout is None else min(startup_timeout, self.timeouts.startup)
+            self._worker = self._spawn(limit)
             if self._aborted:   # abort() or close() ran from another thread while this worker loaded
                 self._retire()
                 raise WorkerStartError("the session is stopping")
