@@ -83,7 +83,12 @@ def test_a_session_over_the_cluster_retries_the_candidate_whose_actor_was_killed
 
     pids = tmp_path / "pids"
     evs = lanes(tmp_path, FAKE_WORKER_ONCE_FILE=tmp_path / "once", FAKE_WORKER_PIDFILE=pids)
-    killer = threading.Thread(target=lambda: wait_until(pids.exists, 120) and ray.kill(evs[1].actor, no_restart=False))
+    def kill_every_actor():   # the hung one's, whichever lane it is on; an idle one comes back just the same
+        if wait_until(pids.exists, 120):
+            for ev in evs:
+                ray.kill(ev.actor, no_restart=False)
+
+    killer = threading.Thread(target=kill_every_actor)
     killer.start()
     s = Session(TASK, Sources(["HANG_ONCE", "fine", "also fine"]), evs, 180.0, tmp_path / "run", start_source="seed",
                 inflight=1)
@@ -92,7 +97,9 @@ def test_a_session_over_the_cluster_retries_the_candidate_whose_actor_was_killed
     trace, attempts = attempts_complete(tmp_path / "run" / "trace.jsonl")
     assert summary.reason.startswith("planner finished")
     hung = attempts[0]
-    lost = next(e for e in trace.events if e.type == "evaluate" and e.id == f"{hung.proposal.id}~retried")
+    lost = next((e for e in trace.events if e.type == "evaluate" and e.id == f"{hung.proposal.id}~retried"), None)
+    assert lost is not None, [(e.type, getattr(e, "id", ""), getattr(getattr(e, "result", None), "failure", None))
+                              for e in trace.events]
     assert lost.result.failure.cls == FailureClass.infra and "actor died" in lost.result.failure.message
     assert hung.evaluate.result.ok, "the retry on the restarted actor did not run the candidate"
     assert {a.decision.gpu for a in attempts} <= {"ray0", "ray1"}
