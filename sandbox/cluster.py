@@ -10,6 +10,7 @@ on a fresh worker, as it does locally. Ray is optional: `pip install 'megakernel
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_fixed
@@ -23,6 +24,7 @@ INSTALL = "running on a cluster needs Ray: pip install 'megakernel-agent[cluster
 CALL_MARGIN_S = 30.0      # beyond the evaluation's own deadline, how long a call may take before the actor is lost
 ACTOR_RESTARTS = 3        # Ray restarts a dead lane actor this often over the session
 RESTART_WAIT_S = 120.0    # how long a call waits for its actor to come back from a restart (within its deadline)
+SETTLE_S = 1.0            # after a worker died: time for its actor's own death, if that was the cause, to show
 FREE_WAIT_S = 10.0        # how long to wait for enough free GPUs before refusing
 START_WAIT_S = 300.0      # how long a lane may take to be placed and load its worker, when no limit is given
 
@@ -44,14 +46,20 @@ class LaneActor:
 
     def __init__(self, options: dict):
         self.ev = Evaluator(**options)
+        self.incarnation = uuid.uuid4().hex   # a restarted actor is another incarnation
+
+    def whoami(self) -> str:
+        return self.incarnation
 
     def start(self, startup_timeout: float | None) -> str:
         return self.ev.start(startup_timeout).model_dump_json()
 
-    def evaluate(self, source: str, knobs: dict[str, int], seconds_left: float | None, options: dict) -> str:
+    def evaluate(self, source: str, knobs: dict[str, int], seconds_left: float | None, options: dict
+                 ) -> tuple[str, str]:
+        """(this incarnation, the result as JSON)."""
         deadline = None if seconds_left is None else time.monotonic() + seconds_left
         cand = Candidate(source=source, knobs=knobs)
-        return self.ev.evaluate(cand, deadline=deadline, **options).model_dump_json()
+        return self.incarnation, self.ev.evaluate(cand, deadline=deadline, **options).model_dump_json()
 
     def ping(self) -> bool:
         return True
@@ -94,7 +102,13 @@ class RayEvaluator:
             self._ready(ray, deadline)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ref = self.actor.evaluate.remote(candidate.source, candidate.knobs, left, options)
-            res = EvalResult.model_validate_json(ray.get(ref, timeout=None if left is None else left + CALL_MARGIN_S))
+            incarnation, raw = ray.get(ref, timeout=None if left is None else left + CALL_MARGIN_S)
+            res = EvalResult.model_validate_json(raw)
+            if res.failure is not None and res.failure.cls in (FailureClass.crash, FailureClass.timeout) \
+                    and not self._same_actor(ray, incarnation):
+                return self._lost(candidate, f"lane {self.name}'s actor died while its worker was evaluating (the "
+                                             f"worker's {res.failure.cls.value} was the actor's death, not the "
+                                             "candidate's)")
         except ray.exceptions.GetTimeoutError:
             ray.kill(self.actor, no_restart=False)   # Ray starts it again; its worker group dies with it
             return self._lost(candidate, f"lane {self.name} did not answer in time; its actor was restarted")
@@ -114,6 +128,15 @@ class RayEvaluator:
         def ping() -> None:
             ray.get(self.actor.ping.remote(), timeout=limit)
         ping()
+
+    def _same_actor(self, ray, incarnation: str) -> bool:
+        """Whether the actor that reported a dead worker is still alive as the same incarnation: when Ray kills an
+        actor (or loses its node) its worker may die first, and the actor report that as the candidate's crash."""
+        time.sleep(SETTLE_S)
+        try:
+            return ray.get(self.actor.whoami.remote(), timeout=30) == incarnation
+        except ray.exceptions.RayError:
+            return False
 
     def _lost(self, candidate: Candidate, message: str) -> EvalResult:
         failure = Failure(cls=FailureClass.infra, phase="cluster", message=message, retryable=True)
