@@ -481,9 +481,10 @@ class Session:
     def _cut_by_budget(failure: Failure | None) -> bool:
         """The session's deadline (the budget's end) cut this evaluation, or a re-timing of the attempt, short: not
         the candidate's timeout, and nothing to judge. Read from the failure itself, not the clock, so a real
-        timeout decided after the budget ended is still the candidate's."""
-        return failure is not None and failure.cls in (FailureClass.timeout, FailureClass.infra) \
-            and DEADLINE_PASSED in failure.message
+        timeout decided after the budget ended is still the candidate's; only the evaluator's own timeout message
+        counts (a kernel's printf can reach an infra message's log tail, never a timeout's start)."""
+        return (failure is not None and failure.cls == FailureClass.timeout
+                and failure.message.startswith(DEADLINE_PASSED))
 
     def _watch_lane(self, lane: Lane, res: EvalResult) -> None:
         """Retire a lane whose evaluations keep failing on our side (a GPU gone, an actor past its restarts), so
