@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""megakernel-agent CLI: run | bench | replay | compare | export. Thin: parses arguments, calls the rooms."""
+"""megakernel-agent CLI: run | bench | replay | compare | model | export. Thin: parses arguments, calls the rooms."""
 
 from __future__ import annotations
 
@@ -54,6 +54,13 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"expected a positive integer, got {text!r}")
     return int(text)
+
+
+def machine_setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise ValueError(f"expected FIELD=VALUE, got {text!r}")
+    return name.strip(), value.strip()
 
 
 def default_builders() -> int:
@@ -321,6 +328,30 @@ def cmd_compare(args) -> int:
     return ExitCode.OK
 
 
+def cmd_model(args) -> int:
+    from rich.console import Console
+
+    from megakernel_agent.agent import schedule_model as sm
+    from megakernel_agent.agent.preflight import task_for
+    from megakernel_agent.sandbox.candidate import parse_knobs
+    from megakernel_agent.tasks.kimi_linear.step_model import simulate
+
+    task = task_for(DEFAULT_TASK, "full")
+    seed, _ = kernel_arg(argparse.Namespace(kernel=None, knob=args.knob), task)
+    knobs = seed.resolved_knobs()
+    timeline = sm.stamped_timeline(args.timeline or str(sm.DEFAULT_TIMELINE), args.ctx)
+    machine, fixed, cfg = sm.machine_with(args.set or []), sm.fixed_spans(timeline), task.cfg
+    console = Console()
+    base = simulate(cfg, knobs, machine, fixed, args.predicted_routing)
+    sm.print_estimate(base, timeline, console)
+    if args.moves:
+        declared = {k.name: k.values for k in parse_knobs(seed.source)}
+        sm.print_moves(sm.knob_moves(cfg, knobs, declared, machine, fixed), base.kernel_us, console, "One-knob moves")
+    if args.what_ifs:
+        sm.print_moves(sm.what_ifs(cfg, knobs, machine, fixed), base.kernel_us, console, "What-ifs (issue 28)")
+    return ExitCode.OK
+
+
 def cmd_export(args) -> int:
     from megakernel_agent.agent.preflight import task_for
     from megakernel_agent.tasks.kimi_linear.export import export_solution
@@ -439,6 +470,20 @@ def build_parser() -> Parser:
     c.add_argument("--ctx", **ctx)
     c.add_argument("--diff", action="store_true", help="show each version's source diff against the first")
     c.set_defaults(func=cmd_compare)
+
+    m = sub.add_parser("model", help="the seed's discrete-event schedule model vs its stamps; knob moves and "
+                                     "what-ifs predicted on the CPU")
+    m.add_argument("--knob", **knob, help="knob value of the seed to model (repeatable)")
+    m.add_argument("--set", action="append", type=arg_type(machine_setting), metavar="FIELD=VALUE",
+                   help="a machine-model figure, e.g. dram_order=fifo or compute_scale=0.73 (repeatable)")
+    m.add_argument("--timeline", metavar="TRACE#ID",
+                   help="evaluation whose phase stamps feed the phases the model does not simulate "
+                        "(default: the seed's profile in traces/examples/kimi-scripted-history)")
+    m.add_argument("--ctx", type=arg_type(positive_int), help="the timeline's context, if it profiled several")
+    m.add_argument("--predicted-routing", action="store_true", help="model issue 28's step 2 plan")
+    m.add_argument("--moves", action="store_true", help="also model every one-knob move")
+    m.add_argument("--what-ifs", action="store_true", help="also model the architecture what-ifs of issue 28")
+    m.set_defaults(func=cmd_model)
 
     e = sub.add_parser("export", help=f"write a standalone KernelBench-Mega solution.py for a {DEFAULT_TASK} kernel")
     e.add_argument("kernel", nargs="?", help="CUDA source (default: the task's seed kernel)")

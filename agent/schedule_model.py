@@ -1,0 +1,109 @@
+"""`model`: the seed's discrete-event schedule model (tasks/kimi_linear/step_model.py) against a stamped phase
+timeline, its predicted effect of knob moves, and of the architecture steps of issue 28, before any GPU time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from megakernel_agent.tasks.kimi_linear.config import KimiConfig
+from megakernel_agent.tasks.kimi_linear.step_model import WHAT_IFS, MachineModel, StepEstimate, simulate
+from megakernel_agent.traces.loader import load as load_trace
+from megakernel_agent.traces.results import PhaseTimeline
+from megakernel_agent.traces.schema import Evaluate
+
+from .errors import BadInput
+
+ROOT = Path(__file__).resolve().parent.parent
+# The seed's own stamps (9641abd's kernel, identical to the seed but for its stamp numbering) at ctx 16384.
+DEFAULT_TIMELINE = ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p13~profile-t7"
+
+
+UNMODELLED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
+
+
+def machine_with(settings: list[tuple[str, str]]) -> MachineModel:
+    """The default machine with FIELD=VALUE settings, validated (a bad field or value is BadInput)."""
+    fields = MachineModel.model_fields
+    unknown = [k for k, _ in settings if k not in fields or k in ("epilogue_us", "staging_us")]
+    if unknown:
+        settable = ", ".join(k for k in fields if k not in ("epilogue_us", "staging_us"))
+        raise BadInput(f"--set: no machine field {unknown[0]!r} (settable: {settable})")
+    try:
+        return MachineModel.model_validate({**MachineModel().model_dump(), **dict(settings)})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise BadInput(f"--set {first['loc'][0]}: {first['msg']}") from None
+
+
+def stamped_timeline(ref: str, ctx: int | None) -> PhaseTimeline:
+    """The phase timeline of evaluation ID in TRACE#ID at `ctx` (its only one when not given)."""
+    path, sep, eid = ref.rpartition("#")
+    if not sep:
+        raise BadInput(f"--timeline {ref!r}: expected TRACE#EVALUATION_ID (an evaluation that profiled phases)")
+    if not Path(path).is_file():
+        raise BadInput(f"--timeline: no trace at {path}")
+    found = [e for e in load_trace(Path(path)).events if isinstance(e, Evaluate) and e.id == eid]
+    timelines = [t for e in found for t in e.result.phases]
+    if not timelines:
+        raise BadInput(f"--timeline: {path} has no evaluation {eid!r} with a phase timeline")
+    if ctx is None:
+        if len(timelines) > 1:
+            raise BadInput(f"--timeline: {eid} profiled ctx {[t.ctx for t in timelines]}; pick one with --ctx")
+        return timelines[0]
+    for t in timelines:
+        if t.ctx == ctx:
+            return t
+    raise BadInput(f"--timeline: {eid} profiled ctx {[t.ctx for t in timelines]}, not {ctx}")
+
+
+def fixed_spans(timeline: PhaseTimeline) -> dict[str, float]:
+    return {r.name: r.span_us for r in timeline.rows}
+
+
+def print_estimate(est: StepEstimate, timeline: PhaseTimeline, console: Console) -> None:
+    """Per phase: the model's span and mean block against the stamps'; phases taken from the stamps say so."""
+    stamped = {r.name: r for r in timeline.rows}
+    t = Table(title=f"Schedule model vs stamps (ctx {timeline.ctx}, grid {est.grid}), µs")
+    for col in ("phase", "model span", "stamped span", "model mean", "stamped mean", "critical block"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for p in est.phases:
+        row = stamped.get(p.name)
+        t.add_row(p.name, f"{p.span_us:.2f}" if p.simulated else "(stamped)",
+                  f"{row.span_us:.2f}" if row else "-", f"{p.mean_us:.2f}" if p.simulated else "",
+                  f"{row.mean_us:.2f}" if row else "-", str(p.critical_block) if p.simulated else "")
+    t.add_row("kernel (spans + waits)", f"{est.kernel_us:.1f}", f"{timeline.kernel_us:.1f}", "", "", "")
+    console.print(t)
+
+
+def print_moves(rows: list[tuple[str, float]], base_us: float, console: Console, title: str) -> None:
+    t = Table(title=f"{title} (model; base {base_us:.1f} µs)")
+    t.add_column("change")
+    t.add_column("Δ kernel µs", justify="right")
+    for label, us in rows:
+        t.add_row(label, f"{us - base_us:+.1f}")
+    console.print(t)
+
+
+def knob_moves(cfg: KimiConfig, knobs: dict[str, int], declared: dict[str, list[int]], machine: MachineModel,
+               fixed: dict[str, float]) -> list[tuple[str, float]]:
+    """Every one-knob move from `knobs` over the declared values, modelled. The launch-shape knobs and the
+    attention's split are left out: they change the phases the model takes from the stamps."""
+    rows = []
+    for name, values in declared.items():
+        if name in UNMODELLED_KNOBS:
+            continue
+        for v in values:
+            if v != knobs[name]:
+                est = simulate(cfg, {**knobs, name: v}, machine, fixed)
+                rows.append((f"{name} {knobs[name]} → {v}", est.kernel_us))
+    return rows
+
+
+def what_ifs(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel,
+             fixed: dict[str, float]) -> list[tuple[str, float]]:
+    return [(w.label, simulate(cfg, knobs, machine.model_copy(update=w.machine), fixed, w.predicted_routing).kernel_us)
+            for w in WHAT_IFS]

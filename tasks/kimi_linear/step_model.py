@@ -1,0 +1,351 @@
+"""A discrete-event model of one decode step of the seed megakernel: every block of the persistent grid walks
+its work plan (work_plan.py) through two shared resources, device memory and its SM's issue slots.
+
+Why: most wrong predictions in BENCHMARKS.md came from treating compute as free and a phase as one chain.
+Here a phase is the maximum over the grid's block chains; each chain is its staging, its ring of chunks
+(a chunk lands after its share of bandwidth and a latency, its compute shares the SM with the co-resident
+block and cannot beat one slab's dependent-chain latency), its unit finishes (the last arrival of a split-K
+tile sums the partials) and, for down units, the wait for the gate/up tiles they read. Grid barriers release
+every block a fixed time after the last arrival; the next phase's first chunks are issued at arrival.
+
+What it is fed (MachineModel): probe figures (scripts/chunk_probe.py: a chunk step's compute and fold, the
+bulk-copy stream), per-event costs read off phase stamps, and, for the phases it does not simulate (KDA delta
+rule, router, MLA absorb / attention / merge), their stamped spans from a recorded phase timeline. Not
+modelled: L2 hits (every chunk comes from DRAM), instruction-cache misses, the stamped build's own overhead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import statistics
+from collections import defaultdict
+from collections.abc import Generator
+from typing import Literal
+
+import numpy
+import simpy
+from pydantic import BaseModel, ConfigDict, Field
+
+from .config import KimiConfig
+from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan, with_predicted_routing
+
+EPS = 1e-9
+
+
+class MachineModel(BaseModel):
+    """Costs the model charges, µs unless named otherwise; defaults from the H200 probes and the seed's stamps
+    (BENCHMARKS.md, 2026-12-05). Each one is a what-if handle: `compute_scale` 0.73 is the tensor-core loop's
+    measured 1.37x, `barrier_us` 0 a grid with free barriers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sms: int = Field(132, gt=0)
+    dram_tbs: float = Field(4.3, gt=0, description="device memory bandwidth shared by every copy in flight")
+    copy_gbs: float = Field(40.0, gt=0, description="most one bulk copy gets when the memory is idle")
+    dram_latency_us: float = Field(0.8, ge=0, description="a copy's data lands this long after its last byte")
+    dram_order: Literal["fifo", "shared"] = Field("fifo", description="copies served one after another in issue "
+                                                "order, or sharing the bandwidth equally (which moves every "
+                                                "block in lockstep: a pure stream then idles one latency a round)")
+    chunk_compute_us: float = Field(1.53, gt=0, description="a full chunk's compute with the SM's other block "
+                                                            "computing one too (chunk probe, 8 slabs, 2 blocks/SM)")
+    slab_latency_us: float = Field(0.81, gt=0, description="a chunk step can never be shorter (probe, 2 slabs)")
+    compute_scale: float = Field(1.0, gt=0, description="multiplies both compute figures (inner-loop what-ifs)")
+    fold_us: float = Field(0.17, ge=0, description="fold + block barrier per chunk step, fixed part")
+    fold_per_slab_us: float = Field(0.034, ge=0, description="... and per slab (probe: +0.44 at 8, +0.24 at 2)")
+    run_start_us: float = Field(0.5, ge=0, description="a job table's start: staged to first chunk step (stamps)")
+    issue_us: float = Field(0.25, ge=0, description="read to refill issued (stamps: 0.1-0.4)")
+    reduce_us: float = Field(0.2, ge=0, description="a unit's cross-warp reduce after its last read (stamps)")
+    publish_us: float = Field(0.8, ge=0, description="partial store and arrival (stamps: computed to done)")
+    sum_round_us: float = Field(0.7, ge=0, description="one dependent batch of partial loads from L2")
+    epilogue_us: dict[Finish, float] = {Finish.PARTIAL: 0.0, Finish.RESIDUAL: 1.8, Finish.MLA: 2.0,
+                                        Finish.MOE_OUT: 2.5}   # the last arrival's finish beyond one round
+    staging_us: dict[Staging, float] = {Staging.RMSNORM: 1.3, Staging.FLOATS: 0.7, Staging.ROUTE: 2.9}
+    swiglu_us: float = Field(0.3, ge=0, description="a down unit's SwiGLU staging, besides its partial loads")
+    arrive_us: float = Field(0.3, ge=0, description="last work to arrival at the grid barrier")
+    barrier_us: float = Field(0.8, ge=0, description="last arrival to release (stamps: 0.67-0.86)")
+    release_spread_us: float = Field(1.0, ge=0, description="blocks see a release over this long (stamps: the "
+                                                              "critical block released 0.1-1.5 after the first)")
+
+
+class WhatIf(BaseModel):
+    """A named change to the machine or the plan whose effect the model predicts."""
+
+    label: str
+    machine: dict[str, object] = {}
+    predicted_routing: bool = False
+
+
+ZERO_FINISH = {f: 0.0 for f in Finish}
+WHAT_IFS = (
+    WhatIf(label="tensor-core inner loop (mma.sync probe: 1.37x per chunk)", machine={"compute_scale": 1 / 1.37}),
+    WhatIf(label="inner loop twice as fast", machine={"compute_scale": 0.5}),
+    WhatIf(label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",
+           machine={"compute_scale": 0.01, "fold_us": 0.0, "fold_per_slab_us": 0.0}),
+    WhatIf(label="predicted routing: first gate/up chunks issued two barriers ahead (step 2)", predicted_routing=True),
+    WhatIf(label="split-K finishes free (the bound of a cluster reduce, step 3)",
+           machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0}),
+    WhatIf(label="grid barriers free (the bound of flags, step 3)",
+           machine={"barrier_us": 0.0, "release_spread_us": 0.0}),
+    WhatIf(label="all of the above but compute", predicted_routing=True,
+           machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0, "barrier_us": 0.0,
+                    "release_spread_us": 0.0}),
+)
+
+
+class PhaseEstimate(BaseModel):
+    """One phase as the model sees it: span (first release to last arrival), the mean block's work, the wait
+    after it, and the block whose arrival ended it."""
+
+    name: str
+    span_us: float
+    mean_us: float
+    wait_us: float
+    simulated: bool
+    critical_block: int | None = None
+
+
+class StepEstimate(BaseModel):
+    phases: list[PhaseEstimate]
+    kernel_us: float
+    grid: int
+
+
+class FairShare:
+    """Bandwidth shared equally by the copies in flight, each capped at `cap` (processor sharing with a virtual
+    clock: every copy has received the same service since it started, so a heap orders the finishes)."""
+
+    def __init__(self, env: simpy.Environment, capacity: float, cap: float):
+        self.env, self.capacity, self.cap = env, capacity, cap
+        self.served, self.at = 0.0, 0.0      # service each active copy has had since time 0, as of `at`
+        self.active: list[tuple[float, int, simpy.Event]] = []
+        self.ids = itertools.count()
+        self.version = 0
+
+    def rate(self) -> float:
+        return min(self.cap, self.capacity / len(self.active)) if self.active else 0.0
+
+    def _advance(self) -> None:
+        self.served += self.rate() * (self.env.now - self.at)
+        self.at = self.env.now
+
+    def transfer(self, amount: float) -> simpy.Event:
+        self._advance()
+        done = self.env.event()
+        heapq.heappush(self.active, (self.served + amount, next(self.ids), done))
+        self._plan()
+        return done
+
+    def _plan(self) -> None:
+        self.version += 1
+        if self.active:
+            self.env.process(self._wake(self.version, (self.active[0][0] - self.served) / self.rate()))
+
+    def _wake(self, version: int, dt: float) -> Generator:
+        yield self.env.timeout(max(dt, 0.0))
+        if version != self.version:
+            return
+        self._advance()
+        while self.active and self.active[0][0] <= self.served + EPS:
+            heapq.heappop(self.active)[2].succeed()
+        self._plan()
+
+
+class InOrder:
+    """Bandwidth given whole to one copy at a time, in issue order (a deep memory queue)."""
+
+    def __init__(self, env: simpy.Environment, capacity: float):
+        self.env, self.capacity, self.free_at = env, capacity, 0.0
+
+    def transfer(self, amount: float) -> simpy.Event:
+        self.free_at = max(self.free_at, self.env.now) + amount / self.capacity
+        return self.env.timeout(self.free_at - self.env.now)
+
+
+class IssueSlots:
+    """One SM's issue slots shared by its co-resident blocks' chunk steps: each step has `work` (slabs) and
+    cannot go faster than `cap` slabs per µs; the SM's capacity is water-filled over the steps running."""
+
+    def __init__(self, env: simpy.Environment, capacity: float):
+        self.env, self.capacity = env, capacity
+        self.jobs: dict[int, list] = {}      # id -> [remaining work, cap, event]
+        self.ids = itertools.count()
+        self.at = 0.0
+        self.version = 0
+
+    def _rates(self) -> dict[int, float]:
+        left, out = self.capacity, {}
+        pending = sorted(self.jobs.items(), key=lambda kv: kv[1][1])
+        for i, (key, (_, cap, _)) in enumerate(pending):
+            out[key] = min(cap, left / (len(pending) - i))
+            left -= out[key]
+        return out
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.at
+        for key, r in self._rates().items():
+            self.jobs[key][0] -= r * dt
+        self.at = self.env.now
+
+    def compute(self, work: float, cap: float) -> simpy.Event:
+        self._advance()
+        done = self.env.event()
+        self.jobs[next(self.ids)] = [work, cap, done]
+        self._plan()
+        return done
+
+    def _plan(self) -> None:
+        self.version += 1
+        if self.jobs:
+            rates = self._rates()
+            dt = min(self.jobs[k][0] / rates[k] for k in self.jobs)
+            self.env.process(self._wake(self.version, dt))
+
+    def _wake(self, version: int, dt: float) -> Generator:
+        yield self.env.timeout(max(dt, 0.0))
+        if version != self.version:
+            return
+        self._advance()
+        for key in [k for k, job in self.jobs.items() if job[0] <= EPS]:
+            self.jobs.pop(key)[2].succeed()
+        self._plan()
+
+
+class StepSimulation:
+    """One step of the plan on `grid` blocks; `fixed_us` gives the span of every phase the plan does not
+    simulate (by phase name)."""
+
+    def __init__(self, plan: list[Phase], grid: int, blocks_per_sm: int, machine: MachineModel,
+                 fixed_us: dict[str, float]):
+        missing = [p.name for p in plan if not p.simulated and p.name not in fixed_us]
+        if missing:
+            raise ValueError(f"no stamped span for the phases the model does not simulate: {missing}")
+        self.plan, self.grid, self.m, self.fixed = plan, grid, machine, fixed_us
+        self.env = simpy.Environment()
+        bandwidth = machine.dram_tbs * 1e6                                                  # bytes per µs
+        self.dram = (FairShare(self.env, bandwidth, machine.copy_gbs * 1e3) if machine.dram_order == "shared"
+                     else InOrder(self.env, bandwidth))
+        self.spread = numpy.random.default_rng(0)   # release order: deterministic, different per phase
+        per_sm = 2 * 8 / (machine.chunk_compute_us * machine.compute_scale)                # slabs per µs per SM
+        self.slots = [IssueSlots(self.env, per_sm) for _ in range(-(-grid // blocks_per_sm))]
+        self.blocks_per_sm = blocks_per_sm
+        self.arrivals: dict[tuple, int] = defaultdict(int)
+        self.tile_done: dict[tuple, simpy.Event] = defaultdict(self.env.event)
+        self.prefetched: dict[tuple[int, int], list[simpy.Event]] = {}   # (phase, block) -> first chunks
+        self.marks: dict[tuple[int, int], list[tuple[str, float]]] = defaultdict(list)   # (phase, block) -> events
+        self.started: dict[tuple[int, int], float] = {}                 # (phase, block) -> its release
+
+    def mark(self, phase: int, block: int, what: str) -> None:
+        """Record an event of this block's phase, µs after the block's own release (as the stamps count)."""
+        self.marks[(phase, block)].append((what, self.env.now - self.started[(phase, block)]))
+
+    # --- the pieces of a block's chain ---
+    def fetch(self, chunk: Chunk) -> simpy.Event:
+        landed = self.env.event()
+
+        def copy() -> Generator:
+            yield self.dram.transfer(chunk.bytes)
+            yield self.env.timeout(self.m.dram_latency_us)
+            landed.succeed()
+
+        self.env.process(copy())
+        return landed
+
+    def compute(self, block: int, chunk: Chunk) -> simpy.Event:
+        floor = self.m.slab_latency_us * self.m.compute_scale
+        return self.slots[block // self.blocks_per_sm].compute(chunk.slabs, chunk.slabs / floor)
+
+    def finish(self, unit: Unit) -> Generator:
+        yield self.env.timeout(self.m.reduce_us + self.m.publish_us)
+        self.arrivals[unit.tile] += 1
+        if self.arrivals[unit.tile] == unit.parts:
+            self.tile_done[unit.tile].succeed()
+            if unit.finish != Finish.PARTIAL:
+                yield self.env.timeout(unit.sum_rounds * self.m.sum_round_us + self.m.epilogue_us[unit.finish])
+
+    def run_table(self, block: int, phase: int, table: JobTable) -> Generator:
+        units = table.block_units(block, self.grid)
+        chunks = [(u, i == len(u.chunks) - 1, i == 0, c) for u in units for i, c in enumerate(u.chunks)]
+        if table.staging is not None:
+            yield self.env.timeout(self.m.staging_us[table.staging])
+            self.mark(phase, block, "staged")
+        landed = self.prefetched.pop((phase, block), None)
+        if landed is None:
+            landed = [self.fetch(c[3]) for c in chunks[:2]]
+        if chunks:
+            yield self.env.timeout(self.m.run_start_us)
+        for i, (unit, last, first, chunk) in enumerate(chunks):
+            yield landed[i]
+            self.mark(phase, block, f"c{i} landed")
+            if first and unit.needs:
+                yield simpy.AllOf(self.env, [self.tile_done[t] for t in unit.needs])
+                self.mark(phase, block, "input ready")
+                yield self.env.timeout(self.m.swiglu_us + unit.need_rounds * self.m.sum_round_us)
+            yield self.compute(block, chunk)
+            yield self.env.timeout(self.m.fold_us + self.m.fold_per_slab_us * chunk.slabs)
+            self.mark(phase, block, f"c{i} read")
+            if i + 2 < len(chunks):
+                yield self.env.timeout(self.m.issue_us)
+                landed.append(self.fetch(chunks[i + 2][3]))
+            if last:
+                yield from self.finish(unit)
+                self.mark(phase, block, "unit done")
+
+    def prefetch(self, block: int, phase: int) -> None:
+        """At this block's arrival ending `phase`: issue the first two chunks of any table prefetched here."""
+        for target in (phase + 1, phase + 2):
+            if target >= len(self.plan) or not self.plan[target].tables:
+                continue
+            table = self.plan[target].tables[0]
+            if target - phase != table.prefetch_back:
+                continue
+            if table.prefetched is not None and block not in table.prefetched:
+                continue
+            first = [c for u in table.block_units(block, self.grid) for c in u.chunks][:2]
+            if first:
+                self.prefetched[(target, block)] = [self.fetch(c) for c in first]
+
+    def block(self, block: int, phase: int, release: simpy.Event, late: float, arrived: list[float]) -> Generator:
+        yield release
+        yield self.env.timeout(late)
+        start = self.started[(phase, block)] = self.env.now
+        spec = self.plan[phase]
+        if spec.simulated:
+            for table in spec.tables:
+                yield from self.run_table(block, phase, table)
+            yield self.env.timeout(self.m.arrive_us)
+        else:
+            yield self.env.timeout(self.fixed[spec.name])
+        self.prefetch(block, phase)
+        arrived[block] = self.env.now - start
+
+    def run(self) -> StepEstimate:
+        out: list[PhaseEstimate] = []
+        release_at = 0.0
+        for p, spec in enumerate(self.plan):
+            release = self.env.event()
+            arrived = [0.0] * self.grid
+            late = self.spread.uniform(0.0, self.m.release_spread_us, self.grid) if p else numpy.zeros(self.grid)
+            procs = [self.env.process(self.block(b, p, release, late[b], arrived)) for b in range(self.grid)]
+            release.succeed()
+            self.env.run(until=simpy.AllOf(self.env, procs))
+            span = self.env.now - release_at
+            wait = self.m.barrier_us if p + 1 < len(self.plan) else 0.0
+            crit = max(range(self.grid), key=arrived.__getitem__)
+            out.append(PhaseEstimate(name=spec.name, span_us=span, mean_us=statistics.fmean(arrived), wait_us=wait,
+                                     simulated=spec.simulated, critical_block=crit if spec.simulated else None))
+            if wait:
+                self.env.run(until=self.env.now + wait)
+            release_at = self.env.now
+        return StepEstimate(phases=out, kernel_us=sum(e.span_us + e.wait_us for e in out), grid=self.grid)
+
+
+def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float],
+             predicted_routing: bool = False) -> StepEstimate:
+    """Model one step of the seed with these knob values (every knob the plan reads must be given); with
+    `predicted_routing`, the plan of issue 28's step 2."""
+    plan = step_plan(cfg, knobs)
+    if predicted_routing:
+        plan = with_predicted_routing(plan)
+    per_sm = knobs["BLOCKS_PER_SM"]
+    return StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us).run()

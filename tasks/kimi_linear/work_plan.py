@@ -1,0 +1,194 @@
+"""The seed megakernel's work, block by block: which weight chunks each block streams, in what order, and
+what each unit does when its last chunk is read. The schedule model (step_model.py) replays this plan.
+
+It mirrors kernels/kimi_linear/seed.cu for a config and knob values: a GEMV phase is a list of job tables
+(run back to back by every block); a table's units are (tile, K slice) pairs in job order, unit u runs on
+block u mod grid; a unit is cut into chunks of one 16-row slab per warp, a gate/up pair alternating its two
+matrices chunk by chunk; a chunk's bytes are its packed rows plus the bf16 scales and zeros of the quant
+groups it touches (what the three bulk copies move, padded columns included). The phases that are not GEMVs
+(delta rule, router, attention, ...) are named here and timed from stamps by the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from .bytes_model import layer_bytes
+from .config import KimiConfig
+
+TILE = 256                  # output columns per GEMV tile
+SLAB_ROWS = 16              # packed rows of one slab (one warp's share of a chunk)
+SUM_BATCH = 10              # partial-sum loads a finishing thread keeps in flight
+
+
+class Staging(str, Enum):
+    """What a block does between its release and its first chunk step."""
+
+    RMSNORM = "rmsnorm"     # stage rmsnorm(x) * weight as fp16 (KDA / MLA projections)
+    FLOATS = "floats"       # stage the attention output (output projections)
+    ROUTE = "route"         # top-k from the router logits, the routed job table, the first issue
+
+
+class Finish(str, Enum):
+    """A unit's work after its last chunk: publish a partial, and, for the tile's last arrival, the epilogue."""
+
+    PARTIAL = "partial"     # partial only; the consumer sums (KDA q/k/v/g, gate/up)
+    RESIDUAL = "residual"   # split-K sum + residual add (output projections)
+    MLA = "mla"             # split-K sum + RoPE / cache row (MLA q, kv_a)
+    MOE_OUT = "moe_out"     # split-K sum over every expert slot + residual add (down)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One ring fill: `bytes` copied from device memory, `slabs` warps busy computing it."""
+
+    bytes: int
+    slabs: int
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One (tile, K slice) of a job. `tile` names the split-K arrival counter it adds to; `parts` arrivals
+    complete it and the last one sums their partials in `sum_rounds` dependent batches of loads (finish
+    permitting). `needs`: producer tiles whose every K slice must have arrived before the unit stages its
+    input (down units read gate/up partials), in `need_rounds` batches."""
+
+    chunks: tuple[Chunk, ...]
+    finish: Finish
+    tile: tuple[str, int, int]
+    parts: int
+    sum_rounds: int = 0
+    needs: tuple[tuple[str, int, int], ...] = ()
+    need_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class JobTable:
+    """Units of one job table, in unit order; `prefetched` blocks had its first two chunks issued at the
+    previous grid barrier (a set of block ids, or None for all)."""
+
+    units: tuple[Unit, ...]
+    staging: Staging | None
+    prefetched: frozenset[int] | None = field(default=frozenset())
+    prefetch_back: int = 1      # the prefetch is issued at the barrier closing the phase this many phases back
+
+    def block_units(self, block: int, grid: int) -> list[Unit]:
+        return list(self.units[block::grid])
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase between grid barriers: GEMV job tables run back to back, or a phase timed from stamps."""
+
+    name: str
+    tables: tuple[JobTable, ...] = ()
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.tables)
+
+
+def tiles_of(n: int) -> int:
+    return (n + TILE - 1) // TILE
+
+
+def unit_chunks(k: int, split: int, ksplit: int, group: int, warps: int, paired: bool) -> tuple[Chunk, ...]:
+    """The chunks of K slice `split` of `ksplit` of a (k, 256-column tile) matrix, as issue_chunk cuts them."""
+    slabs = k // 2 // SLAB_ROWS
+    s0, s1 = split * slabs // ksplit, (split + 1) * slabs // ksplit
+    group_rows = group // 2
+    out = []
+    for s in range(s0, s1, warps):
+        n = min(warps, s1 - s)
+        row0, rows = s * SLAB_ROWS, n * SLAB_ROWS
+        groups = (row0 + rows - 1) // group_rows - row0 // group_rows + 1
+        chunk = Chunk(bytes=rows * TILE + 2 * groups * 2 * TILE, slabs=n)
+        out.extend([chunk, chunk] if paired else [chunk])
+    return tuple(out)
+
+
+def sum_rounds(parts: int, warps: int) -> int:
+    """Dependent load batches of sum_partials: each thread sums one float4 column of the tile over every
+    P-th partial (P = threads / 64 slot phases), SUM_BATCH loads in flight."""
+    return -(-parts // (SUM_BATCH * max(1, warps * 32 // (TILE // 4))))
+
+
+def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: int, finish: Finish) -> list[Unit]:
+    """Units of one unpaired job in the kernel's order (unit = tile * ksplit + split)."""
+    return [Unit(chunks=unit_chunks(k, split, ksplit, cfg.group, warps, paired=False), finish=finish,
+                 tile=(name, 0, tile), parts=ksplit, sum_rounds=sum_rounds(ksplit, warps))
+            for tile in range(tiles_of(n)) for split in range(ksplit)]
+
+
+def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -> tuple[JobTable, JobTable]:
+    """The MoE phase's two tables: shared then routed gate/up pairs, then every slot's down projection."""
+    d, f = cfg.hidden, cfg.moe_inter
+    gu_split = {**{s: knobs["KSPLIT_GU"] for s in range(cfg.n_active)},
+                **{cfg.n_active + s: knobs["KSPLIT_SHARED"] for s in range(cfg.n_shared)}}
+    slots = [cfg.n_active + s for s in range(cfg.n_shared)] + list(range(cfg.n_active))
+    gate_up = [Unit(chunks=unit_chunks(d, split, gu_split[slot], cfg.group, warps, paired=True),
+                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot])
+               for slot in slots for tile in range(tiles_of(f)) for split in range(gu_split[slot])]
+    shared_blocks = frozenset(range(cfg.n_shared * tiles_of(f) * knobs["KSPLIT_SHARED"]))
+    ks = knobs["KSPLIT_DOWN"]
+    n_slots = cfg.n_active + cfg.n_shared
+    slabs = f // 2 // SLAB_ROWS
+    down = []
+    for slot in range(n_slots):
+        for tile in range(tiles_of(d)):
+            for split in range(ks):
+                k0, k1 = split * slabs // ks * 2 * SLAB_ROWS, (split + 1) * slabs // ks * 2 * SLAB_ROWS
+                needs = tuple((f"L{layer} gu", slot, t) for t in range(k0 // TILE, (k1 - 1) // TILE + 1))
+                down.append(Unit(chunks=unit_chunks(f, split, ks, cfg.group, warps, paired=False),
+                                 finish=Finish.MOE_OUT, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
+                                 sum_rounds=sum_rounds(n_slots * ks, warps), needs=needs,
+                                 need_rounds=-(-gu_split[slot] // SUM_BATCH)))   # stage_swiglu: all parts per thread
+    prefetch = knobs.get("PREFETCH", 1)
+    return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetched=shared_blocks if prefetch else frozenset(),
+                     prefetch_back=2),
+            JobTable(units=tuple(down), staging=None, prefetched=frozenset()))
+
+
+def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
+    """Every phase of one decode step, in kernel order, named as bytes_model names them ("L<i> <phase>")."""
+    warps = knobs["THREADS"] // 32
+    prefetch = knobs.get("PREFETCH", 1)
+    ahead = None if prefetch else frozenset()
+    phases: list[Phase] = []
+    for layer, kind in enumerate(cfg.pattern):
+        names = list(layer_bytes(cfg, kind, 0))
+        d, ko = cfg.hidden, cfg.kda_dim if kind == "K" else cfg.mla_heads * cfg.v_head
+        out_proj = JobTable(units=tuple(job_units(f"L{layer} o", ko, d, knobs["KSPLIT_O"], cfg, warps,
+                                                  Finish.RESIDUAL)), staging=Staging.FLOATS, prefetched=ahead)
+        first_ahead = ahead if layer > 0 else frozenset()
+        if kind == "K":
+            project = [u for m in "qkvg" for u in job_units(f"L{layer} {m}", d, cfg.kda_dim, knobs["KSPLIT_KDA"],
+                                                             cfg, warps, Finish.PARTIAL)]
+            gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetched=first_ahead),),
+                    names[2]: (out_proj,)}
+        else:
+            ks = knobs["KSPLIT_MLA"]
+            project = (job_units(f"L{layer} q", d, cfg.mla_q_dim, ks, cfg, warps, Finish.MLA)
+                       + job_units(f"L{layer} kva", d, cfg.kv_lora + cfg.qk_rope, ks, cfg, warps, Finish.MLA))
+            gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetched=first_ahead),),
+                    names[4]: (out_proj,)}
+        gemv[names[-1]] = moe_tables(cfg, knobs, warps, layer)
+        phases.extend(Phase(name=f"L{layer} {n}", tables=gemv.get(n, ())) for n in names)
+    return phases
+
+
+def plan_bytes(phase: Phase) -> int:
+    """Bytes the phase's chunks copy (padded tiles and groups straddled by two chunks count twice)."""
+    return sum(c.bytes for t in phase.tables for u in t.units for c in u.chunks)
+
+
+def with_predicted_routing(plan: list[Phase]) -> list[Phase]:
+    """Issue 28 step 2 as a plan: every block's first two gate/up chunks (its predicted experts', known from the
+    layer's input) are issued at the barrier before the router phase, as the shared experts' are today. Misses
+    (recall 0.97-1.0 on the task's weights) are not charged."""
+    out = []
+    for phase in plan:
+        tables = tuple(replace(t, prefetched=None) if t.staging == Staging.ROUTE else t for t in phase.tables)
+        out.append(replace(phase, tables=tables))
+    return out

@@ -1,0 +1,172 @@
+"""The seed's work plan and its discrete-event schedule model: the plan is the kernel's work, the resources
+behave as specified, and the model answers on the CPU from a recorded timeline."""
+
+from pathlib import Path
+
+import pytest
+
+from megakernel_agent.agent.cli import main
+from megakernel_agent.agent.exit_codes import ExitCode
+from megakernel_agent.sandbox.candidate import parse_knobs
+from megakernel_agent.tasks.kimi_linear.bytes_model import phase_bytes
+from megakernel_agent.tasks.kimi_linear.config import FULL
+from megakernel_agent.tasks.kimi_linear.step_model import MachineModel, StepSimulation, simulate
+from megakernel_agent.tasks.kimi_linear.work_plan import (
+    Chunk,
+    Finish,
+    JobTable,
+    Phase,
+    Staging,
+    Unit,
+    plan_bytes,
+    step_plan,
+    with_predicted_routing,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_KNOBS = {k.name: k.default for k in parse_knobs((ROOT / "kernels/kimi_linear/seed.cu").read_text())}
+FIXED = {"kda delta": 3.1, "router+windows": 2.6, "absorb q": 2.4, "attention": 30.7, "merge+absorb v": 7.5,
+         "router": 2.9}
+
+
+def fixed_spans(plan):
+    return {p.name: FIXED[p.name.split(" ", 1)[1]] for p in plan if not p.simulated}
+
+
+def one_phase(units, staging=None):
+    return [Phase(name="p", tables=(JobTable(units=tuple(units), staging=staging),))]
+
+
+def test_the_plan_has_the_seeds_unit_counts():
+    """The kernel's own comments: 192 KDA projection units, 252 output-projection units, 243 MLA projection
+    units, 288 + 36 gate/up units and 243 down units at the default knobs."""
+    plan = {p.name: p for p in step_plan(FULL, SEED_KNOBS)}
+    units = {name: [len(t.units) for t in p.tables] for name, p in plan.items() if p.simulated}
+    assert units["L0 kda project"] == [192]
+    assert units["L1 kda o_proj"] == [252] and units["L3 mla o_proj"] == [252]
+    assert units["L3 mla project"] == [243]
+    assert units["L2 g/u+down"] == [324, 243]
+    assert not plan["L3 attention"].simulated and not plan["L0 kda delta"].simulated
+
+
+@pytest.mark.parametrize("knobs", [{}, {"KSPLIT_O": 16, "KSPLIT_GU": 12, "KSPLIT_DOWN": 4, "KSPLIT_KDA": 9}])
+def test_the_plan_moves_the_bytes_the_bytes_model_counts(knobs):
+    """Two independent counts of one step's weight traffic agree: chunks copy each K slab of each tile exactly
+    once, plus padded columns and quant groups two chunks share (a few percent), minus the bf16 rows the
+    GEMV phases read outside the ring (norms, beta)."""
+    plan = step_plan(FULL, {**SEED_KNOBS, **knobs})
+    expected = phase_bytes(FULL, 0)
+    for p in plan:
+        if p.simulated:
+            assert 0.98 <= plan_bytes(p) / expected[p.name] <= 1.05, p.name
+
+
+def test_every_k_slab_of_every_tile_is_streamed_once():
+    plan = {p.name: p for p in step_plan(FULL, {**SEED_KNOBS, "KSPLIT_O": 28, "KSPLIT_DOWN": 3})}
+    slabs: dict = {}
+    for table in plan["L0 g/u+down"].tables:
+        for u in table.units:
+            slabs[u.tile] = slabs.get(u.tile, 0) + sum(c.slabs for c in u.chunks)
+    gate_up = {k: v for k, v in slabs.items() if "gu" in k[0]}
+    assert len(gate_up) == 9 * 4 and set(gate_up.values()) == {2 * FULL.hidden // 32}       # both matrices
+    down = {k: v for k, v in slabs.items() if "down" in k[0]}
+    assert len(down) == 9 and set(down.values()) == {9 * FULL.moe_inter // 32}                # every slot
+
+
+def test_a_pure_stream_runs_at_the_memory_bandwidth():
+    """264 blocks streaming 30 chunks each with (almost) no compute take the bytes' time at the modelled
+    bandwidth, plus about one latency (the chunk probe's stream alone ran at ~4.5-4.8 TB/s)."""
+    m = MachineModel(dram_order="fifo", compute_scale=1e-4, fold_us=0, fold_per_slab_us=0, issue_us=0,
+                     publish_us=0, arrive_us=0, release_spread_us=0)
+    chunk = Chunk(bytes=34816, slabs=8)
+    units = [Unit(chunks=(chunk,) * 30, finish=Finish.PARTIAL, tile=("t", 0, b), parts=1) for b in range(264)]
+    est = StepSimulation(one_phase(units), 264, 2, m, {}).run()
+    floor = 264 * 30 * chunk.bytes / (m.dram_tbs * 1e6)
+    assert floor <= est.kernel_us <= floor + 2 * m.dram_latency_us + 0.1
+
+
+def test_copies_sharing_the_bandwidth_finish_together():
+    m = MachineModel(dram_order="shared", copy_gbs=1e9, compute_scale=1e-4, fold_us=0, fold_per_slab_us=0,
+                     publish_us=0, arrive_us=0, release_spread_us=0)
+    units = [Unit(chunks=(Chunk(bytes=43000, slabs=1),), finish=Finish.PARTIAL, tile=("t", 0, b), parts=1)
+             for b in range(2)]
+    sim = StepSimulation(one_phase(units), 2, 2, m, {})
+    sim.run()
+    landed = [t for b in (0, 1) for what, t in sim.marks[(0, b)] if what == "c0 landed"]
+    assert landed == pytest.approx([2 * 43000 / 4.3e6 + m.dram_latency_us] * 2)
+
+
+def test_two_blocks_on_one_sm_share_its_issue_and_a_lone_short_step_pays_the_latency_floor():
+    m = MachineModel(dram_latency_us=0, fold_us=0, fold_per_slab_us=0, run_start_us=0, reduce_us=0, publish_us=0,
+                     arrive_us=0, release_spread_us=0, dram_tbs=1e6, copy_gbs=1e9)
+    full = [Unit(chunks=(Chunk(bytes=1, slabs=8),), finish=Finish.PARTIAL, tile=("t", 0, b), parts=1) for b in (0, 1)]
+    assert StepSimulation(one_phase(full), 2, 2, m, {}).run().kernel_us == pytest.approx(m.chunk_compute_us, rel=1e-3)
+    short = [Unit(chunks=(Chunk(bytes=1, slabs=2),), finish=Finish.PARTIAL, tile=("t", 0, 0), parts=1)]
+    assert StepSimulation(one_phase(short), 1, 2, m, {}).run().kernel_us == pytest.approx(m.slab_latency_us, rel=1e-3)
+
+
+def test_a_consumer_unit_waits_for_every_k_slice_of_the_tiles_it_reads():
+    m = MachineModel(release_spread_us=0)
+    slow = Unit(chunks=(Chunk(bytes=34816, slabs=8),) * 6, finish=Finish.PARTIAL, tile=("gu", 0, 0), parts=2)
+    fast = Unit(chunks=(Chunk(bytes=34816, slabs=8),), finish=Finish.PARTIAL, tile=("gu", 0, 0), parts=2)
+    reader = Unit(chunks=(Chunk(bytes=34816, slabs=8),), finish=Finish.MOE_OUT, tile=("down", 0, 0), parts=1,
+                  sum_rounds=1, needs=(("gu", 0, 0),), need_rounds=1)
+    phase = [Phase(name="p", tables=(JobTable(units=(slow, fast, Unit(chunks=(), finish=Finish.PARTIAL,
+                                                                         tile=("x", 0, 0), parts=1)),
+                                              staging=None),
+                                     JobTable(units=(Unit(chunks=(), finish=Finish.PARTIAL, tile=("y", 0, 0), parts=1),
+                                                     Unit(chunks=(), finish=Finish.PARTIAL, tile=("y", 0, 1), parts=1),
+                                                     reader), staging=None)))]
+    sim = StepSimulation(phase, 3, 1, m, {})
+    sim.run()
+    slow_done = max(t for what, t in sim.marks[(0, 0)] if what == "unit done")
+    ready = next(t for what, t in sim.marks[(0, 2)] if what == "input ready")
+    assert ready >= slow_done > 5.0
+
+
+def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():
+    plan = step_plan(FULL, SEED_KNOBS)
+    fixed = fixed_spans(plan)
+    base = simulate(FULL, SEED_KNOBS, MachineModel(), fixed)
+    assert simulate(FULL, SEED_KNOBS, MachineModel(), fixed).kernel_us == base.kernel_us
+    assert len(base.phases) == 22 and sum(p.simulated for p in base.phases) == 12
+    assert simulate(FULL, SEED_KNOBS, MachineModel(dram_tbs=8.0), fixed).kernel_us < base.kernel_us
+    assert simulate(FULL, SEED_KNOBS, MachineModel(compute_scale=0.5), fixed).kernel_us < base.kernel_us
+    free = simulate(FULL, SEED_KNOBS, MachineModel(barrier_us=0, release_spread_us=0), fixed)
+    assert base.kernel_us - free.kernel_us >= 21 * MachineModel().barrier_us
+    assert simulate(FULL, {**SEED_KNOBS, "PREFETCH": 0}, MachineModel(), fixed).kernel_us > base.kernel_us
+    assert simulate(FULL, SEED_KNOBS, MachineModel(), fixed, predicted_routing=True).kernel_us < base.kernel_us
+
+
+def test_predicted_routing_prefetches_every_blocks_gate_up():
+    plan = with_predicted_routing(step_plan(FULL, SEED_KNOBS))
+    tables = [t for p in plan for t in p.tables if t.staging == Staging.ROUTE]
+    assert len(tables) == 4 and all(t.prefetched is None and t.prefetch_back == 2 for t in tables)
+
+
+def test_a_phase_the_model_cannot_simulate_needs_its_stamped_span():
+    with pytest.raises(ValueError, match="no stamped span"):
+        simulate(FULL, SEED_KNOBS, MachineModel(), {})
+
+
+def test_the_model_command_runs_on_the_cpu_from_the_seeds_recorded_stamps(capsys):
+    assert main(["model", "--moves", "--what-ifs", "--knob", "KSPLIT_O=16"]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "Schedule model vs stamps (ctx 16384" in out and "One-knob moves" in out and "What-ifs" in out
+    assert "KSPLIT_O 16 → 28" in out and "tensor-core inner loop" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["model", "--set", "dram_speed=3"], "no machine field 'dram_speed'"),
+    (["model", "--set", "dram_tbs=-1"], "--set dram_tbs: Input should be greater than 0"),
+    (["model", "--set", "dram_order=lifo"], "--set"),
+    (["model", "--timeline", "nowhere.jsonl#x"], "no trace at nowhere.jsonl"),
+    (["model", "--timeline", str(ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p1")],
+     "no evaluation 'p1' with a phase timeline"),
+    (["model", "--ctx", "2048"], "profiled ctx [16384], not 2048"),
+    (["model", "--knob", "KSPLIT_O=5"], "KSPLIT_O"),
+])
+def test_bad_model_input_is_one_line_and_exit_2(capsys, argv, says):
+    assert main(argv) == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
