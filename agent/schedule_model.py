@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from megakernel_agent.tasks.kimi_linear.config import KimiConfig
-from megakernel_agent.tasks.kimi_linear.step_model import WHAT_IFS, MachineModel, StepEstimate, simulate
+from megakernel_agent.tasks.kimi_linear.step_model import WHAT_IFS, MachineModel, StepEstimate, machine_from, simulate
 from megakernel_agent.traces.loader import load as load_trace
 from megakernel_agent.traces.results import PhaseTimeline
 from megakernel_agent.traces.schema import Evaluate
@@ -27,16 +26,10 @@ UNMODELLED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
 
 def machine_with(settings: list[tuple[str, str]]) -> MachineModel:
     """The default machine with FIELD=VALUE settings, validated (a bad field or value is BadInput)."""
-    fields = MachineModel.model_fields
-    unknown = [k for k, _ in settings if k not in fields or k in ("epilogue_us", "staging_us")]
-    if unknown:
-        settable = ", ".join(k for k in fields if k not in ("epilogue_us", "staging_us"))
-        raise BadInput(f"--set: no machine field {unknown[0]!r} (settable: {settable})")
     try:
-        return MachineModel.model_validate({**MachineModel().model_dump(), **dict(settings)})
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise BadInput(f"--set {first['loc'][0]}: {first['msg']}") from None
+        return machine_from(dict(settings))
+    except ValueError as e:
+        raise BadInput(f"--set {e}") from None
 
 
 def stamped_timeline(ref: str, ctx: int | None) -> PhaseTimeline:

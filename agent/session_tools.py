@@ -9,14 +9,25 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from megakernel_agent.sandbox.candidate import Candidate
-from megakernel_agent.traces.results import EvalResult
+from megakernel_agent.tasks.base import ModelledStep, ScheduleModelError
+from megakernel_agent.traces.results import EvalResult, PhaseTimeline
 from megakernel_agent.traces.schema import Evaluate, Note, ToolCall
 
 from . import source_view
 from .compare import Version as CompareVersion
 from .compare import interleave, speedups
 from .diagnosis import diagnose
-from .tools import TOOLS, CompareInput, DiagnoseInput, NoteInput, OutlineInput, ProfileInput, ReadInput, ToolOutput
+from .tools import (
+    TOOLS,
+    CompareInput,
+    DiagnoseInput,
+    ModelInput,
+    NoteInput,
+    OutlineInput,
+    ProfileInput,
+    ReadInput,
+    ToolOutput,
+)
 
 if TYPE_CHECKING:
     from .session import Session
@@ -34,6 +45,7 @@ class SessionTools:
         self.calls = 0
         self.context_notes = 0
         self.device_s = 0.0
+        self.modelled: dict[tuple[str, int, int], ModelledStep | None] = {}   # (version, ctx, steps) -> its model
 
     def restore(self, events: list) -> None:
         """Number on from a resumed trace's tool calls and context notes, so no id is handed out twice."""
@@ -91,6 +103,28 @@ class SessionTools:
         """Record what the planner's context management did (old tool results summarised)."""
         self.context_notes += 1
         self.s.record(Note(id=f"c{self.context_notes}", author=self.s.planner.name, kind="context", text=text))
+
+    def predict(self, ref: str, knobs: dict[str, int], what_if: str | None = None
+                ) -> tuple[str, PhaseTimeline, ModelledStep, ModelledStep] | None:
+        """(version id, the stamps used, model of the version, model with `knobs` merged on or the what-if) from
+        the task's schedule model, on the version's largest profiled context; None when the task cannot model
+        the version's source or it has no phase timeline yet."""
+        vid = self.resolve(ref)
+        stamped = max(self.s.archive.get(vid).phases, key=lambda t: t.ctx, default=None)
+        if stamped is None:
+            return None
+        source, own = self.s.archive.source(vid), self.s.archive.explicit_knobs(vid)
+        key = (vid, stamped.ctx, stamped.steps)
+        try:
+            if key not in self.modelled:
+                self.modelled[key] = self.s.task.model_step(source, own, stamped)
+            base = self.modelled[key]
+            if base is None:
+                return None
+            new = self.s.task.model_step(source, {**own, **knobs}, stamped, what_if)
+        except ScheduleModelError as e:
+            raise ToolError(str(e)) from e
+        return vid, stamped, base, new
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -186,6 +220,33 @@ class SessionTools:
         verdicts = ", ".join(f"{r['ctx']}: {r['ratio']:.3f}x {r['verdict']}" for r in rows if "ratio" in r)
         return ToolOutput(text="\n".join(lines), summary=f"compare {a} vs {b}: {verdicts or 'no timing'}",
                           ok=not failed)
+
+    def _model(self, inp: ModelInput, tid: str, versions: list[str]) -> ToolOutput:
+        if not self.s.task.what_ifs():
+            raise ToolError(f"task {self.s.task.spec.name} has no schedule model")
+        if not inp.knobs and inp.what_if is None:
+            raise ToolError("give knobs to model, or a what-if: " + "; ".join(
+                f"{k}: {v}" for k, v in self.s.task.what_ifs().items()))
+        got = self.predict(inp.version, inp.knobs, inp.what_if)
+        if got is None:
+            vid = self.resolve(inp.version)
+            if not self.s.archive.get(vid).phases:
+                raise ToolError(f"{vid} has no phase timeline: profile it first (the model takes the phases it "
+                                "does not simulate from the version's stamps)")
+            raise ToolError(f"the schedule model mirrors the seed's own source; {vid}'s source is not it")
+        vid, stamped, base, new = got
+        change = inp.what_if or ", ".join(f"{k}={v}" for k, v in sorted(inp.knobs.items()))
+        lines = [f"schedule model of {vid} ({change}), phases not simulated from {vid}'s stamps at ctx "
+                 f"{stamped.ctx}; kernel µs of the stamped build (bench runs ~7% below it):",
+                 f"kernel {base.kernel_us:.1f} -> {new.kernel_us:.1f} µs ({new.kernel_us - base.kernel_us:+.1f})",
+                 f"{'phase':22s} {'model':>7s} {'new':>7s} {'stamped':>8s}"]
+        stamps = {r.name: r.span_us for r in stamped.rows}
+        for name, span in base.spans_us.items():
+            moved = new.spans_us[name] - span
+            lines.append(f"{name:22s} {span:7.2f} {new.spans_us[name]:7.2f} {stamps.get(name, float('nan')):8.2f}"
+                         + (f"  {moved:+.2f}" if abs(moved) >= 0.05 else ""))
+        return ToolOutput(text="\n".join(lines),
+                          summary=f"model of {vid} ({change}): {new.kernel_us - base.kernel_us:+.1f} µs per step")
 
     def _note(self, inp: NoteInput, tid: str, versions: list[str]) -> ToolOutput:
         self.s.record(Note(id=f"n{tid[1:]}", author=self.s.planner.name, kind=inp.kind, text=inp.text,

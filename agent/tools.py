@@ -51,6 +51,17 @@ class CompareInput(BaseModel):
     contexts: list[int] = Field([], description="default: every timed context")
 
 
+class ModelInput(BaseModel):
+    """The task's schedule model (no GPU, ~1 s): a discrete-event replay of every block of the seed's schedule,
+    fed by probe figures and the version's own phase stamps (profile it first). Predicts the step's kernel µs
+    and each phase's span for knob values set on the version, or for a named what-if (e.g. a faster inner
+    loop, free barriers), against the version as it is. Only the seed's own source is modelled."""
+
+    version: str = Field("best", description="a version id, a name you gave, or 'best' (profiled, seed source)")
+    knobs: dict[str, int] = Field({}, description="knob values to model (merged onto the version's)")
+    what_if: str | None = Field(None, description="a named what-if of the task's model (the tool lists them)")
+
+
 class NoteInput(BaseModel):
     """Write to the session notebook (kept in the trace and the report): a prediction with its model, an
     observation, an idea, or an idea dropped and why."""
@@ -85,7 +96,7 @@ class FinishInput(BaseModel):
 
 TOOLS: dict[str, type[BaseModel]] = {
     "outline": OutlineInput, "read": ReadInput, "profile": ProfileInput, "diagnose": DiagnoseInput,
-    "compare": CompareInput, "note": NoteInput, "propose": ProposeInput, "finish": FinishInput,
+    "compare": CompareInput, "model": ModelInput, "note": NoteInput, "propose": ProposeInput, "finish": FinishInput,
 }
 
 

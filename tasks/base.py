@@ -8,6 +8,9 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 
 import torch
+from pydantic import BaseModel
+
+from megakernel_agent.traces.results import PhaseTimeline
 
 from .cuda_runtime import CompiledKernel
 from .spec import TaskSpec
@@ -20,6 +23,17 @@ State = list[dict]
 def clone_state(state: State) -> State:
     """A deep copy of a decode state (list of dicts of tensors)."""
     return [{k: v.clone() for k, v in st.items()} for st in state]
+
+
+class ModelledStep(BaseModel):
+    """A schedule model's step: kernel µs (spans plus waits) and each phase's modelled span, in kernel order."""
+
+    kernel_us: float
+    spans_us: dict[str, float]
+
+
+class ScheduleModelError(ValueError):
+    """A schedule-model request the task cannot answer (a what-if or machine figure it does not know)."""
 
 
 class Task(ABC):
@@ -40,6 +54,16 @@ class Task(ABC):
         """The seed kernel, read as package data: the same text from a checkout and from an installed wheel."""
         inside = PurePosixPath(self.spec.seed_kernel).relative_to("kernels")
         return (resources.files("megakernel_agent.kernels") / inside.as_posix()).read_text()
+
+    def what_ifs(self) -> dict[str, str]:
+        """Named what-ifs the task's schedule model knows (key: what it models); none without a model."""
+        return {}
+
+    def model_step(self, source: str, knobs: dict[str, int], stamped: PhaseTimeline, what_if: str | None = None,
+                   machine: dict[str, float | str] | None = None) -> ModelledStep | None:
+        """The task's schedule model of one step of `source` with `knobs` (the phases it does not simulate from
+        `stamped`), or None: the task has no model, or `source` is not the schedule the model mirrors."""
+        return None
 
     # ---- GPU side ----
     @abstractmethod

@@ -144,8 +144,8 @@ def test_cache_breakpoints_and_cache_reads_over_several_turns(tmp_path):
         assert req["system"][-1]["cache_control"] == {"type": "ephemeral"}
         marks = [b for m in req["messages"] for b in m["content"] if "cache_control" in b]
         assert len(marks) == 1 and marks[0] is req["messages"][-1]["content"][-1]
-        assert [t["name"] for t in req["tools"]] == ["outline", "read", "profile", "diagnose", "compare", "note",
-                                                     "propose", "finish"]
+        assert [t["name"] for t in req["tools"]] == ["outline", "read", "profile", "diagnose", "compare", "model",
+                                                     "note", "propose", "finish"]
     assert "Outline of the starting version seed" in srv.requests[0]["system"][-1]["text"]
     p1 = next(e for e in trace.events if e.type == "proposal")
     assert p1.llm.calls == 3 and p1.llm.cache_read_tokens == 8500 and p1.llm.cache_write_tokens == 4000

@@ -170,3 +170,111 @@ def test_bad_model_input_is_one_line_and_exit_2(capsys, argv, says):
     assert main(argv) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the model inside a session: the tuner's predictions and the planner's `model` tool -------------------
+
+class Asking:
+    """A planner that asks the session's tools what `ask` asks, then ends the session."""
+
+    name = "asking"
+    tools = None
+
+    def __init__(self, ask):
+        self.ask, self.said = ask, []
+
+    def settings(self) -> dict:
+        return {}
+
+    def propose(self, view):
+        from megakernel_agent.agent.planners.base import PlannerExhausted
+
+        self.said = self.ask(self.tools)
+        raise PlannerExhausted("asked")
+
+
+def seed_session(tmp_path, planner, start_source=None):
+    """A session on the full Kimi task from the seed's source, on a fake sandbox whose profile returns the seed's
+    recorded stamps (p13 of the scripted-history example) and which times every version at 240 µs."""
+    from megakernel_agent.agent.session import Session
+    from megakernel_agent.tasks.registry import get_task
+    from megakernel_agent.traces.loader import load as load_trace
+    from megakernel_agent.traces.schema import Evaluate
+
+    from .fake_sandbox import FakeSandbox, timed
+
+    task = get_task("kimi_linear", "full")
+    trace = load_trace(ROOT / "traces/examples/kimi-scripted-history/trace.jsonl")
+    stamped = next(e for e in trace.events if isinstance(e, Evaluate) and e.id == "p13~profile-t7").result.phases
+
+    def script(cand, opts):
+        res = timed(cand, 240.0, noise=0.0)
+        if opts.get("profile"):
+            res.phases = stamped
+        return res
+
+    source = start_source or task.seed_source()
+    session = Session(task, planner, FakeSandbox(script), 60.0, tmp_path, start_source=source)
+    return session, task, stamped[0]
+
+
+def test_every_tuner_move_on_the_seed_carries_the_schedule_models_prediction(tmp_path):
+    from megakernel_agent.agent.planners.base import PlannerExhausted
+    from megakernel_agent.agent.planners.tuner import TunerPlanner
+    from megakernel_agent.traces.loader import load as load_trace
+
+    class ThreeMoves(TunerPlanner):
+        def propose(self, view):
+            self.made = getattr(self, "made", 0) + 1
+            if self.made > 3:
+                raise PlannerExhausted("three moves")
+            return super().propose(view)
+
+    s, task, stamped = seed_session(tmp_path, ThreeMoves(seed=0))
+    s.run()
+    proposals = [e for e in load_trace(tmp_path / "trace.jsonl").events if e.type == "proposal"]
+    assert len(proposals) == 3
+    seed = task.seed_source()
+    base = task.model_step(seed, {}, stamped).kernel_us
+    for p in proposals:
+        delta = task.model_step(seed, p.knobs, stamped).kernel_us - base
+        assert p.predicted_change.startswith(f"schedule model: {delta:+.1f} µs per step")
+        assert p.predicted_us == {2048: round(240.0 + delta, 1),    # the seed's µs (the fake's, noiseless),
+                                  16384: round(252.0 + delta, 1)}   # plus the modelled change
+        assert p.predicted_phases   # a knob move moves some phase
+
+
+def test_the_model_tool_answers_a_knob_move_and_a_what_if_and_refuses_what_it_cannot_model(tmp_path):
+    def ask(tools):
+        return [tools.call("model", {"version": "seed", "what_if": "tc-mma"}, "asking"),
+                tools.call("profile", {"version": "seed"}, "asking"),
+                tools.call("model", {"version": "seed", "knobs": {"KSPLIT_DOWN": 4}}, "asking"),
+                tools.call("model", {"what_if": "tc-mma"}, "asking"),
+                tools.call("model", {"what_if": "faster"}, "asking"),
+                tools.call("model", {}, "asking"),
+                tools.call("model", {"knobs": {"KSPLIT_DOWN": 5}}, "asking")]
+
+    planner = Asking(ask)
+    s, _, _ = seed_session(tmp_path, planner)
+    s.run()
+    unprofiled, _, move, what_if, unknown, empty, undeclared = planner.said
+    assert not unprofiled.ok and "profile it first" in unprofiled.text
+    assert move.ok and "KSPLIT_DOWN=4" in move.text and "L0 g/u+down" in move.text
+    assert what_if.ok and what_if.summary.startswith("model of seed (tc-mma): -1")
+    assert not unknown.ok and "no what-if 'faster'" in unknown.text
+    assert not empty.ok and "give knobs to model, or a what-if" in empty.text
+    assert not undeclared.ok and "KSPLIT_DOWN" in undeclared.text
+
+
+def test_the_model_tool_refuses_a_source_that_is_not_the_seeds(tmp_path):
+    from megakernel_agent.tasks.registry import get_task
+
+    def ask(tools):
+        tools.call("profile", {"version": "seed"}, "asking")
+        return [tools.call("model", {"knobs": {"KSPLIT_O": 16}}, "asking")]
+
+    planner = Asking(ask)
+    edited = get_task("kimi_linear", "full").seed_source() + "\n// an edit\n"
+    s, _, _ = seed_session(tmp_path, planner, edited)
+    s.run()
+    assert "mirrors the seed's own source" in planner.said[0].text

@@ -151,7 +151,7 @@ class PlannerFinished(_Event):
 
 
 class ToolCall(_Event):
-    """A planner's tool call (outline, read, profile, diagnose, compare, note) and what it cost."""
+    """A planner's tool call (outline, read, profile, diagnose, compare, model, note) and what it cost."""
 
     type: Literal["tool_call"] = "tool_call"
     id: str

@@ -1,8 +1,8 @@
 """LLM planner: one conversation per session with Claude (Messages API, tool use, prompt caching), inside
 the session's budget.
 
-The model studies versions with tools the session runs (outline, read, profile, diagnose, compare, note),
-submits versions with `propose` (edits on a named parent, a hypothesis, predicted µs), and stops with
+The model studies versions with tools the session runs (outline, read, profile, diagnose, compare, model,
+note), submits versions with `propose` (edits on a named parent, a hypothesis, predicted µs), and stops with
 `finish`. A proposal's outcome comes back as that call's result, with the full compiler log or diagnosis
 when it failed, so the model can repair that very version (a bounded number of times in a row). The
 prefix (tools, rules, task brief, the starting source's outline) is cached; the rolling history after it
@@ -134,8 +134,8 @@ class AnthropicPlanner(Planner):
                 if nudges > self.max_nudges:
                     raise PlannerFailure(f"no tool call after {nudges} replies (stop_reason {stop})", turn)
                 self._report(f"no tool call in the reply (stop_reason {stop})")
-                self._say([{"type": "text", "text": "Call a tool: study with outline/read/profile/diagnose/compare, "
-                                                    "write with note, submit with propose, or finish."}])
+                self._say([{"type": "text", "text": "Call a tool: study with outline/read/profile/diagnose/compare/"
+                                                    "model, write with note, submit with propose, or finish."}])
                 continue
             planned = self._run_tools(uses, turn)
             if planned is not None:

@@ -33,6 +33,9 @@ The sandbox enforces these rules (breaking one wastes budget):
 - A version becomes the best only if it is correct and faster beyond noise at every timed context (a 95%
   bootstrap interval above 1, re-timed interleaved with the best). An exact duplicate is refused unrun.
 - Tools that run on the GPU (profile, compare) and every proposal spend the session's wall-clock budget.
+- `model` (CPU, about a second) replays the seed's schedule block by block from a profiled version's stamps:
+  ask it what a knob move or a named what-if should do before you spend the GPU on it, and write its
+  prediction next to yours. It models the seed's own source only, and it has missed (BENCHMARKS.md).
 Use `read` for the lines you need rather than asking for the whole file; edits must quote the parent's text
 exactly (each search string unique). Call `finish` when nothing left is worth the budget."""
 

@@ -70,7 +70,28 @@ class TunerPlanner(Planner):
         if planned is None:
             raise PlannerExhausted("every one- and two-knob move around every correct version, and every "
                                    "two-value move around the best, has been evaluated")
-        return planned
+        return self._predicted(planned, view)
+
+    def _predicted(self, planned: PlannedVersion, view: PlannerView) -> PlannedVersion:
+        """The move with the task's schedule model's prediction, when it can model the parent (its source is
+        the seed's and it has been profiled): the parent's µs per context plus the modelled change of the
+        step, and the phases the model moves. The prediction is recorded, never used to skip a move."""
+        parent = planned.parent_id or view.best_id
+        try:
+            got = self.tools.predict(parent, planned.knobs) if self.tools is not None else None
+        except ValueError:   # the model cannot take this move (a figure it refuses): the move goes unpredicted
+            got = None
+        if got is None:
+            return planned
+        _, stamped, base, new = got
+        delta = new.kernel_us - base.kernel_us
+        parent_us = view.best_us_per_ctx if parent == view.best_id else self.tools.entry(parent).us_per_ctx
+        moved = {k: round(v, 2) for k, v in new.spans_us.items() if abs(v - base.spans_us[k]) >= 0.05}
+        return planned.model_copy(update={
+            "predicted_us": {c: round(u + delta, 1) for c, u in parent_us.items()},
+            "predicted_phases": moved,
+            "predicted_change": f"schedule model: {delta:+.1f} µs per step (from {parent}'s stamps at ctx "
+                                f"{stamped.ctx}; {len(moved)} phases move)"})
 
     def upcoming(self, view: PlannerView, n: int) -> list[PlannedVersion]:
         """The next `n` moves in the order propose would take them if nothing were kept meanwhile (bases not yet

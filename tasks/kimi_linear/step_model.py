@@ -25,7 +25,7 @@ from typing import Literal
 
 import numpy
 import simpy
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .config import KimiConfig
 from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan, with_predicted_routing
@@ -68,9 +68,25 @@ class MachineModel(BaseModel):
                                                               "critical block released 0.1-1.5 after the first)")
 
 
+def machine_from(settings: dict[str, object]) -> MachineModel:
+    """The default machine with `settings` (field: value) applied and validated; a ValueError names the first
+    bad field (the per-phase tables epilogue_us and staging_us are not settable here)."""
+    fields = MachineModel.model_fields
+    unknown = [k for k in settings if k not in fields or k in ("epilogue_us", "staging_us")]
+    if unknown:
+        settable = ", ".join(k for k in fields if k not in ("epilogue_us", "staging_us"))
+        raise ValueError(f"no machine field {unknown[0]!r} (settable: {settable})")
+    try:
+        return MachineModel.model_validate({**MachineModel().model_dump(), **settings})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"{first['loc'][0]}: {first['msg']}") from None
+
+
 class WhatIf(BaseModel):
     """A named change to the machine or the plan whose effect the model predicts."""
 
+    key: str
     label: str
     machine: dict[str, object] = {}
     predicted_routing: bool = False
@@ -78,18 +94,20 @@ class WhatIf(BaseModel):
 
 ZERO_FINISH = {f: 0.0 for f in Finish}
 WHAT_IFS = (
-    WhatIf(label="tensor-core inner loop (mma.sync probe: 1.37x per chunk)", machine={"compute_scale": 1 / 1.37}),
-    WhatIf(label="inner loop twice as fast", machine={"compute_scale": 0.5}),
-    WhatIf(label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",
+    WhatIf(key="tc-mma", label="tensor-core inner loop (mma.sync probe: 1.37x per chunk)",
+           machine={"compute_scale": 1 / 1.37}),
+    WhatIf(key="loop-2x", label="inner loop twice as fast", machine={"compute_scale": 0.5}),
+    WhatIf(key="compute-free", label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",
            machine={"compute_scale": 0.01, "fold_us": 0.0, "fold_per_slab_us": 0.0}),
-    WhatIf(label="predicted routing: first gate/up chunks issued two barriers ahead (step 2)", predicted_routing=True),
-    WhatIf(label="split-K finishes free (the bound of a cluster reduce, step 3)",
+    WhatIf(key="predicted-routing", predicted_routing=True,
+           label="predicted routing: first gate/up chunks issued two barriers ahead (step 2)"),
+    WhatIf(key="finish-free", label="split-K finishes free (the bound of a cluster reduce, step 3)",
            machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0}),
-    WhatIf(label="grid barriers free (the bound of flags, step 3)",
+    WhatIf(key="barrier-free", label="grid barriers free (the bound of flags, step 3)",
            machine={"barrier_us": 0.0, "release_spread_us": 0.0}),
-    WhatIf(label="all of the above but compute", predicted_routing=True,
-           machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0, "barrier_us": 0.0,
-                    "release_spread_us": 0.0}),
+    WhatIf(key="all-but-compute", label="predicted routing, free finishes and free barriers together",
+           predicted_routing=True, machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0,
+                                            "barrier_us": 0.0, "release_spread_us": 0.0}),
 )
 
 

@@ -7,7 +7,10 @@ import itertools
 
 import torch
 
-from ..base import State, Task, sharing_weights
+from megakernel_agent.sandbox.candidate import parse_knobs, resolve_knobs, source_sha256
+from megakernel_agent.traces.results import PhaseTimeline
+
+from ..base import ModelledStep, ScheduleModelError, State, Task, sharing_weights
 from ..cuda_runtime import CompiledKernel
 from ..spec import TaskSpec, Tolerance
 from .baseline import BaselineModel
@@ -166,6 +169,31 @@ class KimiTask(Task):
             if kind == "M":
                 st["c_kv"], st["k_rope"] = st["c_kv"][:ctx], st["k_rope"][:ctx]
         return state
+
+    def what_ifs(self) -> dict[str, str]:
+        from .step_model import WHAT_IFS
+
+        return {w.key: w.label for w in WHAT_IFS}
+
+    def model_step(self, source: str, knobs: dict[str, int], stamped: PhaseTimeline, what_if: str | None = None,
+                   machine: dict[str, float | str] | None = None) -> ModelledStep | None:
+        """The seed's discrete-event schedule model (step_model.py); only the seed's own source is modelled:
+        the work plan mirrors its schedule, and an edited kernel may not keep it."""
+        from .step_model import WHAT_IFS, machine_from, simulate
+
+        if source_sha256(source) != source_sha256(self.seed_source()):
+            return None
+        what = {w.key: w for w in WHAT_IFS}
+        if what_if is not None and what_if not in what:
+            raise ScheduleModelError(f"no what-if {what_if!r} (known: {', '.join(what)})")
+        chosen = what.get(what_if)
+        try:
+            fig = machine_from({**(machine or {}), **(chosen.machine if chosen else {})})
+            est = simulate(self.cfg, resolve_knobs(parse_knobs(source), knobs), fig,
+                           {r.name: r.span_us for r in stamped.rows}, bool(chosen and chosen.predicted_routing))
+        except ValueError as e:   # a bad figure, an undeclared knob value, stamps without the phases it needs
+            raise ScheduleModelError(str(e)) from None
+        return ModelledStep(kernel_us=est.kernel_us, spans_us={p.name: p.span_us for p in est.phases})
 
     def phase_names(self) -> list[str]:
         """Per layer, the phases between the seed's grid barriers (5 per KDA layer, 7 per MLA layer)."""
