@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe mmarate throughput recovery validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe mmarate throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -92,6 +92,8 @@ for step in "$@"; do
         tail -4 "/tmp/mk-rate-$k.log"; cp "$d/trace.jsonl" "$OUT/rate_inflight$k.jsonl"
       done
       python3 scripts/session_rate.py "$OUT"/rate_inflight*.jsonl 2>&1 | tee "$OUT/rate.txt" ;;
+    modelcheck)  # issue 28 step 6: the schedule model's predictions against knob moves profiled and timed here
+      timeout 580 python3 scripts/model_check.py 2>&1 | tee "$OUT/model_check.log" | tail -30 ;;
     recovery)  # issue 27: what a wrong candidate costs the next one, inside a session (scripted model: wrong, then honest)
       d=/tmp/mk-recovery; rm -rf "$d"; mkdir -p "$d"
       cat > "$d/script.jsonl" <<'JSONL'
