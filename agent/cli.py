@@ -476,9 +476,10 @@ def build_parser() -> Parser:
     m.add_argument("--knob", **knob, help="knob value of the seed to model (repeatable)")
     m.add_argument("--set", action="append", type=arg_type(machine_setting), metavar="FIELD=VALUE",
                    help="a machine-model figure, e.g. dram_order=fifo or compute_scale=0.73 (repeatable)")
-    m.add_argument("--timeline", metavar="TRACE#ID",
-                   help="evaluation whose phase stamps feed the phases the model does not simulate "
-                        "(default: the seed's profile in traces/examples/kimi-scripted-history)")
+    m.add_argument("--timeline", metavar="TRACE#ID|BENCH.json",
+                   help="phase stamps that feed the phases the model does not simulate: an evaluation of a trace, "
+                        "or a `bench --phases --json` output (default: the seed's profile in "
+                        "traces/examples/kimi-scripted-history)")
     m.add_argument("--ctx", type=arg_type(positive_int), help="the timeline's context, if it profiled several")
     m.add_argument("--predicted-routing", action="store_true", help="model issue 28's step 2 plan")
     m.add_argument("--moves", action="store_true", help="also model every one-knob move")

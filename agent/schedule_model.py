@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from megakernel_agent.tasks.kimi_linear.config import KimiConfig
 from megakernel_agent.tasks.kimi_linear.step_model import WHAT_IFS, MachineModel, StepEstimate, machine_from, simulate
 from megakernel_agent.traces.loader import load as load_trace
-from megakernel_agent.traces.results import PhaseTimeline
+from megakernel_agent.traces.results import EvalResult, PhaseTimeline
 from megakernel_agent.traces.schema import Evaluate
 
 from .errors import BadInput
@@ -33,24 +34,32 @@ def machine_with(settings: list[tuple[str, str]]) -> MachineModel:
 
 
 def stamped_timeline(ref: str, ctx: int | None) -> PhaseTimeline:
-    """The phase timeline of evaluation ID in TRACE#ID at `ctx` (its only one when not given)."""
+    """A phase timeline at `ctx` (its only one when not given): of evaluation ID in TRACE#ID, or of the result
+    `bench --phases --json` wrote to a file."""
     path, sep, eid = ref.rpartition("#")
     if not sep:
-        raise BadInput(f"--timeline {ref!r}: expected TRACE#EVALUATION_ID (an evaluation that profiled phases)")
+        path = ref
     if not Path(path).is_file():
-        raise BadInput(f"--timeline: no trace at {path}")
-    found = [e for e in load_trace(Path(path)).events if isinstance(e, Evaluate) and e.id == eid]
-    timelines = [t for e in found for t in e.result.phases]
+        raise BadInput(f"--timeline: no file at {path}")
+    if sep:
+        found = [e for e in load_trace(Path(path)).events if isinstance(e, Evaluate) and e.id == eid]
+        timelines, what = [t for e in found for t in e.result.phases], f"{path} has no evaluation {eid!r}"
+    else:
+        try:
+            timelines, what = EvalResult.model_validate_json(Path(path).read_text()).phases, f"{path}"
+        except ValidationError:
+            raise BadInput(f"--timeline {ref!r}: expected TRACE#EVALUATION_ID or the JSON of `bench --phases "
+                           "--json`") from None
     if not timelines:
-        raise BadInput(f"--timeline: {path} has no evaluation {eid!r} with a phase timeline")
+        raise BadInput(f"--timeline: {what} with a phase timeline")
     if ctx is None:
         if len(timelines) > 1:
-            raise BadInput(f"--timeline: {eid} profiled ctx {[t.ctx for t in timelines]}; pick one with --ctx")
+            raise BadInput(f"--timeline: it profiled ctx {[t.ctx for t in timelines]}; pick one with --ctx")
         return timelines[0]
     for t in timelines:
         if t.ctx == ctx:
             return t
-    raise BadInput(f"--timeline: {eid} profiled ctx {[t.ctx for t in timelines]}, not {ctx}")
+    raise BadInput(f"--timeline: it profiled ctx {[t.ctx for t in timelines]}, not {ctx}")
 
 
 def fixed_spans(timeline: PhaseTimeline) -> dict[str, float]:

@@ -156,13 +156,26 @@ def test_the_model_command_runs_on_the_cpu_from_the_seeds_recorded_stamps(capsys
     assert "KSPLIT_O 16 → 28" in out and "tensor-core inner loop" in out
 
 
+def test_the_model_command_reads_the_stamps_of_a_bench_json(tmp_path, capsys):
+    """`bench --phases --json` writes an EvalResult; its timeline feeds the model like a trace's."""
+    from megakernel_agent.traces.loader import load as load_trace
+    from megakernel_agent.traces.schema import Evaluate
+
+    trace = load_trace(ROOT / "traces/examples/kimi-scripted-history/trace.jsonl")
+    result = next(e for e in trace.events if isinstance(e, Evaluate) and e.id == "p13~profile-t7").result
+    (tmp_path / "bench.json").write_text(result.model_dump_json())
+    assert main(["model", "--timeline", str(tmp_path / "bench.json")]) == ExitCode.OK
+    assert "Schedule model vs stamps (ctx 16384" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, says", [
     (["model", "--set", "dram_speed=3"], "no machine field 'dram_speed'"),
     (["model", "--set", "dram_tbs=-1"], "--set dram_tbs: Input should be greater than 0"),
     (["model", "--set", "dram_order=lifo"], "--set"),
-    (["model", "--timeline", "nowhere.jsonl#x"], "no trace at nowhere.jsonl"),
+    (["model", "--timeline", "nowhere.jsonl#x"], "no file at nowhere.jsonl"),
     (["model", "--timeline", str(ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p1")],
-     "no evaluation 'p1' with a phase timeline"),
+     "has no evaluation 'p1' with a phase timeline"),
+    (["model", "--timeline", str(ROOT / "README.md")], "expected TRACE#EVALUATION_ID or the JSON of `bench"),
     (["model", "--ctx", "2048"], "profiled ctx [16384], not 2048"),
     (["model", "--knob", "KSPLIT_O=5"], "KSPLIT_O"),
 ])
