@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from megakernel_agent.sandbox.candidate import Knob, parse_knobs, source_sha256
 
@@ -59,6 +60,10 @@ class TunerPlanner(Planner):
     def __init__(self, seed: int = 0, profile: bool = True):
         self.seed, self.profile = seed, profile
         self.profiled: set[str] = set()
+        # the schedule model's predictions of foreseen moves, worked out on a CPU thread while the GPU evaluates
+        # (a prediction takes ~1 s; on the proposal's path it would cost a fifth of the tuner's rate)
+        self.modelling = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-model")
+        self.foreseen: dict[tuple, Future] = {}
 
     def settings(self) -> dict:
         return {"seed": self.seed, "profile": self.profile,
@@ -76,11 +81,13 @@ class TunerPlanner(Planner):
         """The move with the task's schedule model's prediction, when it can model the parent (its source is
         the seed's and it has been profiled): the parent's µs per context plus the modelled change of the
         step, and the phases the model moves. The prediction is recorded, never used to skip a move."""
-        parent = planned.parent_id or view.best_id
-        try:
-            got = self.tools.predict(parent, planned.knobs) if self.tools is not None else None
-        except ValueError:   # the model cannot take this move (a figure it refuses): the move goes unpredicted
-            got = None
+        if self.tools is None:
+            return planned
+        parent, point = self._key(planned, view)
+        foreseen = self.foreseen.pop((parent, point), None)
+        got = foreseen.result() if foreseen is not None else None
+        if got is None:   # not foreseen, or foreseen before its parent was profiled
+            got = self._prediction(parent, planned.knobs)
         if got is None:
             return planned
         _, stamped, base, new = got
@@ -95,8 +102,22 @@ class TunerPlanner(Planner):
 
     def upcoming(self, view: PlannerView, n: int) -> list[PlannedVersion]:
         """The next `n` moves in the order propose would take them if nothing were kept meanwhile (bases not yet
-        profiled keep the declared knob order here)."""
-        return list(itertools.islice(self._plans(view, profile=False), n))
+        profiled keep the declared knob order here); their model predictions start in the background."""
+        moves = list(itertools.islice(self._plans(view, profile=False), n))
+        for planned in moves:
+            key = self._key(planned, view)
+            if self.tools is not None and key not in self.foreseen:
+                self.foreseen[key] = self.modelling.submit(self._prediction, key[0], planned.knobs)
+        return moves
+
+    def _key(self, planned: PlannedVersion, view: PlannerView) -> tuple:
+        return planned.parent_id or view.best_id, _point(planned.knobs)
+
+    def _prediction(self, parent: str, knobs: dict[str, int]):
+        try:
+            return self.tools.predict(parent, knobs)
+        except ValueError:   # the model cannot take this move (a figure it refuses): the move goes unpredicted
+            return None
 
     def _plans(self, view: PlannerView, profile: bool):
         """Every unevaluated move, in order: one value around each base (the best first), then two around the

@@ -16,6 +16,7 @@ modelled: L2 hits (every chunk comes from DRAM), instruction-cache misses, the s
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import statistics
@@ -44,9 +45,12 @@ class MachineModel(BaseModel):
     dram_tbs: float = Field(4.3, gt=0, description="device memory bandwidth shared by every copy in flight")
     copy_gbs: float = Field(40.0, gt=0, description="most one bulk copy gets when the memory is idle")
     dram_latency_us: float = Field(0.8, ge=0, description="a copy's data lands this long after its last byte")
-    dram_order: Literal["fifo", "shared"] = Field("fifo", description="copies served one after another in issue "
-                                                "order, or sharing the bandwidth equally (which moves every "
-                                                "block in lockstep: a pure stream then idles one latency a round)")
+    dram_order: Literal["shared", "fifo"] = Field("shared", description="copies in flight share the bandwidth "
+                                                  "equally, each up to copy_gbs, or are served whole one after "
+                                                  "another in issue order. Shared fits the MoE phase's stamps and "
+                                                  "the measured knob moves better, but with no release spread it "
+                                                  "moves every block in lockstep (a pure stream then idles one "
+                                                  "latency a round)")
     chunk_compute_us: float = Field(1.53, gt=0, description="a full chunk's compute with the SM's other block "
                                                             "computing one too (chunk probe, 8 slabs, 2 blocks/SM)")
     slab_latency_us: float = Field(0.81, gt=0, description="a chunk step can never be shorter (probe, 2 slabs)")
@@ -66,6 +70,8 @@ class MachineModel(BaseModel):
     barrier_us: float = Field(0.8, ge=0, description="last arrival to release (stamps: 0.67-0.86)")
     release_spread_us: float = Field(1.0, ge=0, description="blocks see a release over this long (stamps: the "
                                                               "critical block released 0.1-1.5 after the first)")
+    release_draws: int = Field(4, ge=1, le=64, description="random release orders a step is averaged over (one "
+                                                           "order moves a knob's modelled effect by up to ~5 µs)")
 
 
 def machine_from(settings: dict[str, object]) -> MachineModel:
@@ -127,6 +133,7 @@ class StepEstimate(BaseModel):
     phases: list[PhaseEstimate]
     kernel_us: float
     grid: int
+    kernel_range_us: tuple[float, float] | None = Field(None, description="over the release orders averaged")
 
 
 class FairShare:
@@ -136,7 +143,7 @@ class FairShare:
     def __init__(self, env: simpy.Environment, capacity: float, cap: float):
         self.env, self.capacity, self.cap = env, capacity, cap
         self.served, self.at = 0.0, 0.0      # service each active copy has had since time 0, as of `at`
-        self.active: list[tuple[float, int, simpy.Event]] = []
+        self.active: list[tuple[float, int, simpy.Event, float]] = []   # (finish, id, landed, latency)
         self.ids = itertools.count()
         self.version = 0
 
@@ -147,25 +154,30 @@ class FairShare:
         self.served += self.rate() * (self.env.now - self.at)
         self.at = self.env.now
 
-    def transfer(self, amount: float) -> simpy.Event:
+    def transfer(self, amount: float, latency: float) -> simpy.Event:
+        """An event that fires `latency` after the copy's last byte."""
         self._advance()
-        done = self.env.event()
-        heapq.heappush(self.active, (self.served + amount, next(self.ids), done))
+        landed = self.env.event()
+        heapq.heappush(self.active, (self.served + amount, next(self.ids), landed, latency))
         self._plan()
-        return done
+        return landed
 
     def _plan(self) -> None:
         self.version += 1
         if self.active:
-            self.env.process(self._wake(self.version, (self.active[0][0] - self.served) / self.rate()))
+            wake = self.env.timeout(max(0.0, (self.active[0][0] - self.served) / self.rate()))
+            wake.callbacks.append(functools.partial(self._wake, self.version))
 
-    def _wake(self, version: int, dt: float) -> Generator:
-        yield self.env.timeout(max(dt, 0.0))
+    def _wake(self, version: int, _event: simpy.Event) -> None:
         if version != self.version:
             return
         self._advance()
-        while self.active and self.active[0][0] <= self.served + EPS:
-            heapq.heappop(self.active)[2].succeed()
+        # `served` reaches ~1e7 bytes, where a fixed tolerance is below float resolution: a copy left a hair
+        # short would wake again at the same instant for ever
+        while self.active and self.active[0][0] <= self.served * (1 + 1e-12) + EPS:
+            _, _, landed, latency = heapq.heappop(self.active)
+            after = self.env.timeout(latency)
+            after.callbacks.append(lambda _e, landed=landed: landed.succeed())
         self._plan()
 
 
@@ -175,9 +187,10 @@ class InOrder:
     def __init__(self, env: simpy.Environment, capacity: float):
         self.env, self.capacity, self.free_at = env, capacity, 0.0
 
-    def transfer(self, amount: float) -> simpy.Event:
+    def transfer(self, amount: float, latency: float) -> simpy.Event:
+        """An event that fires `latency` after the copy's last byte."""
         self.free_at = max(self.free_at, self.env.now) + amount / self.capacity
-        return self.env.timeout(self.free_at - self.env.now)
+        return self.env.timeout(self.free_at - self.env.now + latency)
 
 
 class IssueSlots:
@@ -216,11 +229,10 @@ class IssueSlots:
         self.version += 1
         if self.jobs:
             rates = self._rates()
-            dt = min(self.jobs[k][0] / rates[k] for k in self.jobs)
-            self.env.process(self._wake(self.version, dt))
+            wake = self.env.timeout(max(0.0, min(self.jobs[k][0] / rates[k] for k in self.jobs)))
+            wake.callbacks.append(functools.partial(self._wake, self.version))
 
-    def _wake(self, version: int, dt: float) -> Generator:
-        yield self.env.timeout(max(dt, 0.0))
+    def _wake(self, version: int, _event: simpy.Event) -> None:
         if version != self.version:
             return
         self._advance()
@@ -234,7 +246,7 @@ class StepSimulation:
     simulate (by phase name)."""
 
     def __init__(self, plan: list[Phase], grid: int, blocks_per_sm: int, machine: MachineModel,
-                 fixed_us: dict[str, float]):
+                 fixed_us: dict[str, float], draw: int = 0):
         missing = [p.name for p in plan if not p.simulated and p.name not in fixed_us]
         if missing:
             raise ValueError(f"no stamped span for the phases the model does not simulate: {missing}")
@@ -243,10 +255,10 @@ class StepSimulation:
         bandwidth = machine.dram_tbs * 1e6                                                  # bytes per µs
         self.dram = (FairShare(self.env, bandwidth, machine.copy_gbs * 1e3) if machine.dram_order == "shared"
                      else InOrder(self.env, bandwidth))
-        self.spread = numpy.random.default_rng(0)   # release order: deterministic, different per phase
+        self.spread = numpy.random.default_rng(draw)   # release order: deterministic per draw, new per phase
         per_sm = 2 * 8 / (machine.chunk_compute_us * machine.compute_scale)                # slabs per µs per SM
         self.slots = [IssueSlots(self.env, per_sm) for _ in range(-(-grid // blocks_per_sm))]
-        self.blocks_per_sm = blocks_per_sm
+        self.issued_late: dict[int, float] = {}   # block -> the prefetch it issued between arrive and wait
         self.arrivals: dict[tuple, int] = defaultdict(int)
         self.tile_done: dict[tuple, simpy.Event] = defaultdict(self.env.event)
         self.prefetched: dict[tuple[int, int], list[simpy.Event]] = {}   # (phase, block) -> first chunks
@@ -259,19 +271,13 @@ class StepSimulation:
 
     # --- the pieces of a block's chain ---
     def fetch(self, chunk: Chunk) -> simpy.Event:
-        landed = self.env.event()
-
-        def copy() -> Generator:
-            yield self.dram.transfer(chunk.bytes)
-            yield self.env.timeout(self.m.dram_latency_us)
-            landed.succeed()
-
-        self.env.process(copy())
-        return landed
+        return self.dram.transfer(chunk.bytes, self.m.dram_latency_us)
 
     def compute(self, block: int, chunk: Chunk) -> simpy.Event:
         floor = self.m.slab_latency_us * self.m.compute_scale
-        return self.slots[block // self.blocks_per_sm].compute(chunk.slabs, chunk.slabs / floor)
+        # the block scheduler deals a launch's blocks out one per SM before it doubles up, so block b shares its
+        # SM with b + SMs (an assumption: the stamps do not record %smid)
+        return self.slots[block % len(self.slots)].compute(chunk.slabs, chunk.slabs / floor)
 
     def finish(self, unit: Unit) -> Generator:
         yield self.env.timeout(self.m.reduce_us + self.m.publish_us)
@@ -322,34 +328,40 @@ class StepSimulation:
             first = [c for u in table.block_units(block, self.grid) for c in u.chunks][:2]
             if first:
                 self.prefetched[(target, block)] = [self.fetch(c) for c in first]
+                self.issued_late[block] = self.m.issue_us   # issued after its arrival, before it waits
 
-    def block(self, block: int, phase: int, release: simpy.Event, late: float, arrived: list[float]) -> Generator:
+    def block(self, block: int, phase: int, release: simpy.Event, late: float, arrived: list[float],
+              arrival: list[float]) -> Generator:
+        """One block's phase. A stamped span already holds the real release spread and prefetch issue: those
+        phases start every block at the release and end at release + span."""
         yield release
-        yield self.env.timeout(late)
-        start = self.started[(phase, block)] = self.env.now
         spec = self.plan[phase]
+        if spec.simulated:
+            yield self.env.timeout(late + self.issued_late.pop(block, 0.0))
+        start = self.started[(phase, block)] = self.env.now
         if spec.simulated:
             for table in spec.tables:
                 yield from self.run_table(block, phase, table)
             yield self.env.timeout(self.m.arrive_us)
         else:
+            self.issued_late.pop(block, None)
             yield self.env.timeout(self.fixed[spec.name])
         self.prefetch(block, phase)
-        arrived[block] = self.env.now - start
+        arrived[block], arrival[block] = self.env.now - start, self.env.now
 
     def run(self) -> StepEstimate:
         out: list[PhaseEstimate] = []
         release_at = 0.0
         for p, spec in enumerate(self.plan):
             release = self.env.event()
-            arrived = [0.0] * self.grid
+            arrived, arrival = [0.0] * self.grid, [0.0] * self.grid
             late = self.spread.uniform(0.0, self.m.release_spread_us, self.grid) if p else numpy.zeros(self.grid)
-            procs = [self.env.process(self.block(b, p, release, late[b], arrived)) for b in range(self.grid)]
+            procs = [self.env.process(self.block(b, p, release, late[b], arrived, arrival)) for b in range(self.grid)]
             release.succeed()
             self.env.run(until=simpy.AllOf(self.env, procs))
             span = self.env.now - release_at
             wait = self.m.barrier_us if p + 1 < len(self.plan) else 0.0
-            crit = max(range(self.grid), key=arrived.__getitem__)
+            crit = max(range(self.grid), key=arrival.__getitem__)   # the last to arrive, as the stamps pick it
             out.append(PhaseEstimate(name=spec.name, span_us=span, mean_us=statistics.fmean(arrived), wait_us=wait,
                                      simulated=spec.simulated, critical_block=crit if spec.simulated else None))
             if wait:
@@ -360,10 +372,23 @@ class StepSimulation:
 
 def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float],
              predicted_routing: bool = False) -> StepEstimate:
-    """Model one step of the seed with these knob values (every knob the plan reads must be given); with
-    `predicted_routing`, the plan of issue 28's step 2."""
+    """Model one step of the seed with these knob values (every knob the plan reads must be given), averaged
+    over `machine.release_draws` random release orders; with `predicted_routing`, issue 28's step 2 plan."""
     plan = step_plan(cfg, knobs)
     if predicted_routing:
         plan = with_predicted_routing(plan)
     per_sm = knobs["BLOCKS_PER_SM"]
-    return StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us).run()
+    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d).run()
+             for d in range(machine.release_draws)]
+    return averaged(draws)
+
+
+def averaged(draws: list[StepEstimate]) -> StepEstimate:
+    """Spans, means and kernel time averaged over draws; the critical blocks are the first draw's, the kernel
+    time's range over the draws is kept."""
+    phases = [first.model_copy(update={"span_us": statistics.fmean(d.phases[i].span_us for d in draws),
+                                       "mean_us": statistics.fmean(d.phases[i].mean_us for d in draws)})
+              for i, first in enumerate(draws[0].phases)]
+    kernel = [d.kernel_us for d in draws]
+    return StepEstimate(phases=phases, kernel_us=statistics.fmean(kernel), grid=draws[0].grid,
+                        kernel_range_us=(min(kernel), max(kernel)))

@@ -114,6 +114,12 @@ def sum_rounds(parts: int, warps: int) -> int:
     return -(-parts // (SUM_BATCH * max(1, warps * 32 // (TILE // 4))))
 
 
+def swiglu_rounds(parts: int, cols: int, warps: int) -> int:
+    """Dependent load batches of stage_swiglu: a thread sums one (matrix, 4 columns) item over every partial,
+    SUM_BATCH loads in flight, and takes another item when the slice has more than the block's threads."""
+    return -(-parts // SUM_BATCH) * -(-(2 * cols // 4) // (warps * 32))
+
+
 def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: int, finish: Finish) -> list[Unit]:
     """Units of one unpaired job in the kernel's order (unit = tile * ksplit + split)."""
     return [Unit(chunks=unit_chunks(k, split, ksplit, cfg.group, warps, paired=False), finish=finish,
@@ -143,7 +149,7 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
                 down.append(Unit(chunks=unit_chunks(f, split, ks, cfg.group, warps, paired=False),
                                  finish=Finish.MOE_OUT, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
                                  sum_rounds=sum_rounds(n_slots * ks, warps), needs=needs,
-                                 need_rounds=-(-gu_split[slot] // SUM_BATCH)))   # stage_swiglu: all parts per thread
+                                 need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps)))
     prefetch = knobs.get("PREFETCH", 1)
     return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetched=shared_blocks if prefetch else frozenset(),
                      prefetch_back=2),
