@@ -319,3 +319,20 @@ def test_a_step_is_averaged_over_release_orders():
     est = simulate(FULL, SEED_KNOBS, MachineModel(release_draws=3), fixed)
     low, high = est.kernel_range_us
     assert low <= est.kernel_us <= high and low <= one[0] <= high and high > low
+
+
+@pytest.mark.parametrize("size", ["small", "full"])
+def test_every_declared_knob_value_simulates_on_every_config(size):
+    """The small config has more K slices than slabs at the default knobs (empty slices, which the kernel still
+    walks and arrives for): a model that skipped them waited for ever on the GPU host's agent test."""
+    from megakernel_agent.tasks.kimi_linear.config import CONFIGS
+
+    cfg = CONFIGS[size]
+    declared = parse_knobs((ROOT / "kernels/kimi_linear/seed.cu").read_text())
+    m = MachineModel(release_draws=1)
+    for knob in declared:
+        for value in knob.values:
+            knobs = {**SEED_KNOBS, knob.name: value}
+            plan = step_plan(cfg, knobs)
+            est = simulate(cfg, knobs, m, fixed_spans(plan))
+            assert 0 < est.kernel_us < 2000, (knob.name, value)

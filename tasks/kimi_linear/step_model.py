@@ -274,6 +274,8 @@ class StepSimulation:
         return self.dram.transfer(chunk.bytes, self.m.dram_latency_us)
 
     def compute(self, block: int, chunk: Chunk) -> simpy.Event:
+        if not chunk.slabs:
+            return self.env.timeout(0.0)
         floor = self.m.slab_latency_us * self.m.compute_scale
         # the block scheduler deals a launch's blocks out one per SM before it doubles up, so block b shares its
         # SM with b + SMs (an assumption: the stamps do not record %smid)
@@ -358,7 +360,12 @@ class StepSimulation:
             late = self.spread.uniform(0.0, self.m.release_spread_us, self.grid) if p else numpy.zeros(self.grid)
             procs = [self.env.process(self.block(b, p, release, late[b], arrived, arrival)) for b in range(self.grid)]
             release.succeed()
-            self.env.run(until=simpy.AllOf(self.env, procs))
+            try:
+                self.env.run(until=simpy.AllOf(self.env, procs))
+            except RuntimeError as e:   # simpy: nothing left to happen, some block still waits
+                stuck = [b for b, proc in enumerate(procs) if not proc.triggered]
+                raise ValueError(f"the plan deadlocks in {spec.name}: blocks {stuck[:8]} wait for work that never "
+                                 "comes (a model bug: please report it)") from e
             span = self.env.now - release_at
             wait = self.m.barrier_us if p + 1 < len(self.plan) else 0.0
             crit = max(range(self.grid), key=arrival.__getitem__)   # the last to arrive, as the stamps pick it

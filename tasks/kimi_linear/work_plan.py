@@ -99,8 +99,10 @@ def unit_chunks(k: int, split: int, ksplit: int, group: int, warps: int, paired:
     s0, s1 = split * slabs // ksplit, (split + 1) * slabs // ksplit
     group_rows = group // 2
     out = []
-    for s in range(s0, s1, warps):
-        n = min(warps, s1 - s)
+    # a slice with no slab (more K slices than slabs) is still one chunk: the kernel walks it, computes nothing
+    # and arrives, so the tile's consumers can count on every slice
+    for s in range(s0, max(s1, s0 + 1), warps):
+        n = min(warps, s1 - s) if s1 > s0 else 0
         row0, rows = s * SLAB_ROWS, n * SLAB_ROWS
         groups = (row0 + rows - 1) // group_rows - row0 // group_rows + 1
         chunk = Chunk(bytes=rows * TILE + 2 * groups * 2 * TILE, slabs=n)
