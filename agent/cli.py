@@ -342,6 +342,10 @@ def cmd_model(args) -> int:
     timeline = sm.stamped_timeline(args.timeline or str(sm.DEFAULT_TIMELINE), args.ctx)
     machine, fixed, cfg = sm.machine_with(args.set or []), sm.fixed_spans(timeline), task.cfg
     console = Console()
+    stamped_moves = sorted(k for k, _ in args.knob or [] if k in sm.STAMPED_KNOBS)
+    if stamped_moves:
+        console.print(f"note: {', '.join(stamped_moves)} change phases the model takes from the timeline's stamps; "
+                      "they are right only if the timeline was profiled with the same values")
     base = simulate(cfg, knobs, machine, fixed, args.predicted_routing)
     sm.print_estimate(base, timeline, console)
     if args.moves:

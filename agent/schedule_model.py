@@ -10,7 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from megakernel_agent.tasks.kimi_linear.config import KimiConfig
-from megakernel_agent.tasks.kimi_linear.step_model import WHAT_IFS, MachineModel, StepEstimate, machine_from, simulate
+from megakernel_agent.tasks.kimi_linear.step_model import (
+    STAMPED_KNOBS,
+    WHAT_IFS,
+    MachineModel,
+    StepEstimate,
+    machine_from,
+    simulate,
+)
 from megakernel_agent.traces.loader import load as load_trace
 from megakernel_agent.traces.results import EvalResult, PhaseTimeline
 from megakernel_agent.traces.schema import Evaluate
@@ -20,9 +27,6 @@ from .errors import BadInput
 ROOT = Path(__file__).resolve().parent.parent
 # The seed's own stamps (9641abd's kernel, identical to the seed but for its stamp numbering) at ctx 16384.
 DEFAULT_TIMELINE = ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p13~profile-t7"
-
-
-UNMODELLED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
 
 
 def machine_with(settings: list[tuple[str, str]]) -> MachineModel:
@@ -96,7 +100,7 @@ def knob_moves(cfg: KimiConfig, knobs: dict[str, int], declared: dict[str, list[
     attention's split are left out: they change the phases the model takes from the stamps."""
     rows = []
     for name, values in declared.items():
-        if name in UNMODELLED_KNOBS:
+        if name in STAMPED_KNOBS:
             continue
         for v in values:
             if v != knobs[name]:

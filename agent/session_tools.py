@@ -121,7 +121,9 @@ class SessionTools:
             base = self.modelled[key]
             if base is None:
                 return None
-            new = self.s.task.model_step(source, {**own, **knobs}, stamped, what_if)
+            new = self.s.task.model_step(source, {**own, **knobs}, stamped, what_if, stamped_knobs=own)
+            if new is None:
+                return None
         except ScheduleModelError as e:
             raise ToolError(str(e)) from e
         return vid, stamped, base, new
@@ -233,7 +235,9 @@ class SessionTools:
             if not self.s.archive.get(vid).phases:
                 raise ToolError(f"{vid} has no phase timeline: profile it first (the model takes the phases it "
                                 "does not simulate from the version's stamps)")
-            raise ToolError(f"the schedule model mirrors the seed's own source; {vid}'s source is not it")
+            raise ToolError(f"the schedule model mirrors the seed's own source and takes the launch shape and the "
+                            f"attention's split from the stamps: {vid}'s source is not the seed's, or the move "
+                            "changes one of those knobs (profile such a version and model moves from it)")
         vid, stamped, base, new = got
         change = inp.what_if or ", ".join(f"{k}={v}" for k, v in sorted(inp.knobs.items()))
         lines = [f"schedule model of {vid} ({change}), phases not simulated from {vid}'s stamps at ctx "

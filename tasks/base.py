@@ -60,9 +60,11 @@ class Task(ABC):
         return {}
 
     def model_step(self, source: str, knobs: dict[str, int], stamped: PhaseTimeline, what_if: str | None = None,
-                   machine: dict[str, float | str] | None = None) -> ModelledStep | None:
+                   machine: dict[str, float | str] | None = None,
+                   stamped_knobs: dict[str, int] | None = None) -> ModelledStep | None:
         """The task's schedule model of one step of `source` with `knobs` (the phases it does not simulate from
-        `stamped`), or None: the task has no model, or `source` is not the schedule the model mirrors."""
+        `stamped`, a profile of the version with `stamped_knobs`, by default `knobs`), or None: the task has no
+        model, `source` is not the schedule the model mirrors, or the knobs moved change the stamped phases."""
         return None
 
     # ---- GPU side ----

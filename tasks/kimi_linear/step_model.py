@@ -32,6 +32,9 @@ from .config import KimiConfig
 from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan, with_predicted_routing
 
 EPS = 1e-9
+# Knobs whose effect lies in the phases taken from the stamps (the launch shape, the attention's split): a move
+# of one of them is not modelled, the stamps of a version that has it are needed
+STAMPED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
 
 
 class MachineModel(BaseModel):

@@ -176,20 +176,26 @@ class KimiTask(Task):
         return {w.key: w.label for w in WHAT_IFS}
 
     def model_step(self, source: str, knobs: dict[str, int], stamped: PhaseTimeline, what_if: str | None = None,
-                   machine: dict[str, float | str] | None = None) -> ModelledStep | None:
+                   machine: dict[str, float | str] | None = None,
+                   stamped_knobs: dict[str, int] | None = None) -> ModelledStep | None:
         """The seed's discrete-event schedule model (step_model.py); only the seed's own source is modelled:
         the work plan mirrors its schedule, and an edited kernel may not keep it."""
-        from .step_model import WHAT_IFS, machine_from, simulate
+        from .step_model import STAMPED_KNOBS, WHAT_IFS, machine_from, simulate
 
         if source_sha256(source) != source_sha256(self.seed_source()):
             return None
+        declared = parse_knobs(source)
+        if stamped_knobs is not None:
+            moved = resolve_knobs(declared, knobs), resolve_knobs(declared, stamped_knobs)
+            if any(moved[0][k] != moved[1][k] for k in STAMPED_KNOBS if k in moved[0]):
+                return None
         what = {w.key: w for w in WHAT_IFS}
         if what_if is not None and what_if not in what:
             raise ScheduleModelError(f"no what-if {what_if!r} (known: {', '.join(what)})")
         chosen = what.get(what_if)
         try:
             fig = machine_from({**(machine or {}), **(chosen.machine if chosen else {})})
-            est = simulate(self.cfg, resolve_knobs(parse_knobs(source), knobs), fig,
+            est = simulate(self.cfg, resolve_knobs(declared, knobs), fig,
                            {r.name: r.span_us for r in stamped.rows}, bool(chosen and chosen.predicted_routing))
         except ValueError as e:   # a bad figure, an undeclared knob value, stamps without the phases it needs
             raise ScheduleModelError(str(e)) from None
