@@ -48,15 +48,16 @@ class MachineModel(BaseModel):
     dram_tbs: float = Field(4.3, gt=0, description="device memory bandwidth shared by every copy in flight")
     copy_gbs: float = Field(40.0, gt=0, description="most one bulk copy gets when the memory is idle")
     dram_latency_us: float = Field(0.8, ge=0, description="a copy's data lands this long after its last byte")
-    dram_order: Literal["shared", "fifo"] = Field("shared", description="copies in flight share the bandwidth "
-                                                  "equally, each up to copy_gbs, or are served whole one after "
-                                                  "another in issue order. Shared fits the MoE phase's stamps and "
-                                                  "the measured knob moves better, but with no release spread it "
-                                                  "moves every block in lockstep (a pure stream then idles one "
-                                                  "latency a round)")
+    dram_order: Literal["fifo", "shared"] = Field("fifo", description="copies served whole one after another in "
+                                                "issue order, or sharing the bandwidth equally, each up to "
+                                                "copy_gbs (which with no release spread moves every block in "
+                                                "lockstep: a pure stream then idles one latency a round)")
     chunk_compute_us: float = Field(1.53, gt=0, description="a full chunk's compute with the SM's other block "
                                                             "computing one too (chunk probe, 8 slabs, 2 blocks/SM)")
-    slab_latency_us: float = Field(0.81, gt=0, description="a chunk step can never be shorter (probe, 2 slabs)")
+    slab_latency_us: float = Field(1.5, gt=0, description="a chunk step can never be shorter, whatever its slabs: "
+                                                          "fitted to 50 knob moves timed on the H200 (the probe's "
+                                                          "isolated 2-slab step is 0.81; in the kernel a 6-slab step "
+                                                          "takes as long as an 8-slab one)")
     compute_scale: float = Field(1.0, gt=0, description="multiplies both compute figures (inner-loop what-ifs)")
     fold_us: float = Field(0.17, ge=0, description="fold + block barrier per chunk step, fixed part")
     fold_per_slab_us: float = Field(0.034, ge=0, description="... and per slab (probe: +0.44 at 8, +0.24 at 2)")
