@@ -334,13 +334,13 @@ def cmd_model(args) -> int:
     from megakernel_agent.agent import schedule_model as sm
     from megakernel_agent.agent.preflight import task_for
     from megakernel_agent.sandbox.candidate import parse_knobs
-    from megakernel_agent.tasks.kimi_linear.step_model import simulate
+    from megakernel_agent.tasks.kimi_linear.step_model import simulate, stamped_spans
 
     task = task_for(DEFAULT_TASK, "full")
     seed, _ = kernel_arg(argparse.Namespace(kernel=None, knob=args.knob), task)
     knobs = seed.resolved_knobs()
     timeline = sm.stamped_timeline(args.timeline or str(sm.DEFAULT_TIMELINE), args.ctx)
-    machine, fixed, cfg = sm.machine_with(args.set or []), sm.fixed_spans(timeline), task.cfg
+    machine, fixed, cfg = sm.machine_with(args.set or []), stamped_spans(timeline), task.cfg
     console = Console()
     stamped_moves = sorted(k for k, _ in args.knob or [] if k in sm.STAMPED_KNOBS)
     if stamped_moves:

@@ -66,10 +66,6 @@ def stamped_timeline(ref: str, ctx: int | None) -> PhaseTimeline:
     raise BadInput(f"--timeline: it profiled ctx {[t.ctx for t in timelines]}, not {ctx}")
 
 
-def fixed_spans(timeline: PhaseTimeline) -> dict[str, float]:
-    return {r.name: r.span_us for r in timeline.rows}
-
-
 def print_estimate(est: StepEstimate, timeline: PhaseTimeline, console: Console) -> None:
     """Per phase: the model's span and mean block against the stamps'; phases taken from the stamps say so."""
     stamped = {r.name: r for r in timeline.rows}
@@ -111,5 +107,5 @@ def knob_moves(cfg: KimiConfig, knobs: dict[str, int], declared: dict[str, list[
 
 def what_ifs(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel,
              fixed: dict[str, float]) -> list[tuple[str, float]]:
-    return [(w.label, simulate(cfg, knobs, machine.model_copy(update=w.machine), fixed, w.predicted_routing).kernel_us)
+    return [(w.label, simulate(cfg, knobs, w.applied_to(machine), fixed, w.predicted_routing).kernel_us)
             for w in WHAT_IFS]

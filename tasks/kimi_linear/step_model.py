@@ -28,6 +28,8 @@ import numpy
 import simpy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from megakernel_agent.traces.results import PhaseTimeline
+
 from .config import KimiConfig
 from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan, with_predicted_routing
 
@@ -100,6 +102,10 @@ class WhatIf(BaseModel):
     label: str
     machine: dict[str, object] = {}
     predicted_routing: bool = False
+
+    def applied_to(self, machine: MachineModel) -> MachineModel:
+        """`machine` with this what-if's figures, validated."""
+        return MachineModel.model_validate({**machine.model_dump(), **self.machine})
 
 
 ZERO_FINISH = {f: 0.0 for f in Finish}
@@ -379,6 +385,11 @@ class StepSimulation:
                 self.env.run(until=self.env.now + wait)
             release_at = self.env.now
         return StepEstimate(phases=out, kernel_us=sum(e.span_us + e.wait_us for e in out), grid=self.grid)
+
+
+def stamped_spans(timeline: PhaseTimeline) -> dict[str, float]:
+    """Each stamped phase's span: what the model takes for the phases it does not simulate."""
+    return {r.name: r.span_us for r in timeline.rows}
 
 
 def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float],

@@ -180,7 +180,7 @@ class KimiTask(Task):
                    stamped_knobs: dict[str, int] | None = None) -> ModelledStep | None:
         """The seed's discrete-event schedule model (step_model.py); only the seed's own source is modelled:
         the work plan mirrors its schedule, and an edited kernel may not keep it."""
-        from .step_model import STAMPED_KNOBS, WHAT_IFS, machine_from, simulate
+        from .step_model import STAMPED_KNOBS, WHAT_IFS, machine_from, simulate, stamped_spans
 
         if source_sha256(source) != source_sha256(self.seed_source()):
             return None
@@ -194,9 +194,11 @@ class KimiTask(Task):
             raise ScheduleModelError(f"no what-if {what_if!r} (known: {', '.join(what)})")
         chosen = what.get(what_if)
         try:
-            fig = machine_from({**(machine or {}), **(chosen.machine if chosen else {})})
+            fig = machine_from(machine or {})
+            if chosen is not None:
+                fig = chosen.applied_to(fig)
             est = simulate(self.cfg, resolve_knobs(declared, knobs), fig,
-                           {r.name: r.span_us for r in stamped.rows}, bool(chosen and chosen.predicted_routing))
+                           stamped_spans(stamped), bool(chosen and chosen.predicted_routing))
         except ValueError as e:   # a bad figure, an undeclared knob value, stamps without the phases it needs
             raise ScheduleModelError(str(e)) from None
         return ModelledStep(kernel_us=est.kernel_us, spans_us={p.name: p.span_us for p in est.phases})
