@@ -346,7 +346,7 @@ def cmd_model(args) -> int:
     if stamped_moves:
         console.print(f"note: {', '.join(stamped_moves)} change phases the model takes from the timeline's stamps; "
                       "they are right only if the timeline was profiled with the same values")
-    base = simulate(cfg, knobs, machine, fixed, args.predicted_routing)
+    base = simulate(cfg, knobs, machine, fixed)
     sm.print_estimate(base, timeline, console)
     if args.moves:
         declared = {k.name: k.values for k in parse_knobs(seed.source)}
@@ -485,7 +485,6 @@ def build_parser() -> Parser:
                         "or a `bench --phases --json` output (default: the seed's profile in "
                         "traces/examples/kimi-scripted-history)")
     m.add_argument("--ctx", type=arg_type(positive_int), help="the timeline's context, if it profiled several")
-    m.add_argument("--predicted-routing", action="store_true", help="model issue 28's step 2 plan")
     m.add_argument("--moves", action="store_true", help="also model every one-knob move")
     m.add_argument("--what-ifs", action="store_true", help="also model the architecture what-ifs of issue 28")
     m.set_defaults(func=cmd_model)

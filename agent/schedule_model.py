@@ -107,5 +107,5 @@ def knob_moves(cfg: KimiConfig, knobs: dict[str, int], declared: dict[str, list[
 
 def what_ifs(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel,
              fixed: dict[str, float]) -> list[tuple[str, float]]:
-    return [(w.label, simulate(cfg, knobs, w.applied_to(machine), fixed, w.predicted_routing).kernel_us)
+    return [(w.label, simulate(cfg, knobs, w.applied_to(machine), fixed).kernel_us)
             for w in WHAT_IFS]

@@ -16,11 +16,9 @@ from megakernel_agent.tasks.kimi_linear.work_plan import (
     Finish,
     JobTable,
     Phase,
-    Staging,
     Unit,
     plan_bytes,
     step_plan,
-    with_predicted_routing,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,13 +133,6 @@ def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():
     free = simulate(FULL, SEED_KNOBS, MachineModel(barrier_us=0, release_spread_us=0), fixed)
     assert base.kernel_us - free.kernel_us >= 21 * MachineModel().barrier_us
     assert simulate(FULL, {**SEED_KNOBS, "PREFETCH": 0}, MachineModel(), fixed).kernel_us > base.kernel_us
-    assert simulate(FULL, SEED_KNOBS, MachineModel(), fixed, predicted_routing=True).kernel_us < base.kernel_us
-
-
-def test_predicted_routing_prefetches_every_blocks_gate_up():
-    plan = with_predicted_routing(step_plan(FULL, SEED_KNOBS))
-    tables = [t for p in plan for t in p.tables if t.staging == Staging.ROUTE]
-    assert len(tables) == 4 and all(t.prefetched is None and t.prefetch_back == 2 for t in tables)
 
 
 def test_a_phase_the_model_cannot_simulate_needs_its_stamped_span():

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from megakernel_agent.traces.results import PhaseTimeline
 
 from .config import KimiConfig
-from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan, with_predicted_routing
+from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan
 
 EPS = 1e-9
 # Knobs whose effect lies in the phases taken from the stamps (the launch shape, the attention's split): a move
@@ -101,7 +101,6 @@ class WhatIf(BaseModel):
     key: str
     label: str
     machine: dict[str, object] = {}
-    predicted_routing: bool = False
 
     def applied_to(self, machine: MachineModel) -> MachineModel:
         """`machine` with this what-if's figures, validated."""
@@ -115,15 +114,13 @@ WHAT_IFS = (
     WhatIf(key="loop-2x", label="inner loop twice as fast", machine={"compute_scale": 0.5}),
     WhatIf(key="compute-free", label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",
            machine={"compute_scale": 0.01, "fold_us": 0.0, "fold_per_slab_us": 0.0}),
-    WhatIf(key="predicted-routing", predicted_routing=True,
-           label="predicted routing: first gate/up chunks issued two barriers ahead (step 2)"),
     WhatIf(key="finish-free", label="split-K finishes free (the bound of a cluster reduce, step 3)",
            machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0}),
     WhatIf(key="barrier-free", label="grid barriers free (the bound of flags, step 3)",
            machine={"barrier_us": 0.0, "release_spread_us": 0.0}),
-    WhatIf(key="all-but-compute", label="predicted routing, free finishes and free barriers together",
-           predicted_routing=True, machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0,
-                                            "barrier_us": 0.0, "release_spread_us": 0.0}),
+    WhatIf(key="finish-barrier-free", label="free finishes and free barriers together",
+           machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0, "barrier_us": 0.0,
+                    "release_spread_us": 0.0}),
 )
 
 
@@ -392,13 +389,10 @@ def stamped_spans(timeline: PhaseTimeline) -> dict[str, float]:
     return {r.name: r.span_us for r in timeline.rows}
 
 
-def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float],
-             predicted_routing: bool = False) -> StepEstimate:
+def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float]) -> StepEstimate:
     """Model one step of the seed with these knob values (every knob the plan reads must be given), averaged
-    over `machine.release_draws` random release orders; with `predicted_routing`, issue 28's step 2 plan."""
+    over `machine.release_draws` random release orders."""
     plan = step_plan(cfg, knobs)
-    if predicted_routing:
-        plan = with_predicted_routing(plan)
     per_sm = knobs["BLOCKS_PER_SM"]
     draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d).run()
              for d in range(machine.release_draws)]

@@ -197,8 +197,7 @@ class KimiTask(Task):
             fig = machine_from(machine or {})
             if chosen is not None:
                 fig = chosen.applied_to(fig)
-            est = simulate(self.cfg, resolve_knobs(declared, knobs), fig,
-                           stamped_spans(stamped), bool(chosen and chosen.predicted_routing))
+            est = simulate(self.cfg, resolve_knobs(declared, knobs), fig, stamped_spans(stamped))
         except ValueError as e:   # a bad figure, an undeclared knob value, stamps without the phases it needs
             raise ScheduleModelError(str(e)) from None
         return ModelledStep(kernel_us=est.kernel_us, spans_us={p.name: p.span_us for p in est.phases})

@@ -11,7 +11,7 @@ groups it touches (what the three bulk copies move, padded columns included). Th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .bytes_model import layer_bytes
@@ -189,14 +189,3 @@ def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
 def plan_bytes(phase: Phase) -> int:
     """Bytes the phase's chunks copy (padded tiles and groups straddled by two chunks count twice)."""
     return sum(c.bytes for t in phase.tables for u in t.units for c in u.chunks)
-
-
-def with_predicted_routing(plan: list[Phase]) -> list[Phase]:
-    """Issue 28 step 2 as a plan: every block's first two gate/up chunks (its predicted experts', known from the
-    layer's input) are issued at the barrier before the router phase, as the shared experts' are today. Misses
-    (recall 0.97-1.0 on the task's weights) are not charged."""
-    out = []
-    for phase in plan:
-        tables = tuple(replace(t, prefetched=None) if t.staging == Staging.ROUTE else t for t in phase.tables)
-        out.append(replace(phase, tables=tables))
-    return out
