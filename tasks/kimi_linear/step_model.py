@@ -6,7 +6,10 @@ Here a phase is the maximum over the grid's block chains; each chain is its stag
 (a chunk lands after its share of bandwidth and a latency, its compute shares the SM with the co-resident
 block and cannot beat one slab's dependent-chain latency), its unit finishes (the last arrival of a split-K
 tile sums the partials) and, for down units, the wait for the gate/up tiles they read. Grid barriers release
-every block a fixed time after the last arrival; the next phase's first chunks are issued at arrival.
+every block a fixed time after the last arrival, each block within one poll of the barrier word, later still
+if it issued the next phase's first chunks between arriving and waiting. Copies are served in issue order (the
+default memory), so where every block issues at once (the routed phase's start) the order is set by the work
+before the issue: the walk of the job table to the block's first unit puts the blocks of early jobs first.
 
 What it is fed (MachineModel): probe figures (scripts/chunk_probe.py: a chunk step's compute and fold, the
 bulk-copy stream), per-event costs read off phase stamps, and, for the phases it does not simulate (KDA delta
@@ -74,8 +77,18 @@ class MachineModel(BaseModel):
     swiglu_us: float = Field(0.3, ge=0, description="a down unit's SwiGLU staging, besides its partial loads")
     arrive_us: float = Field(0.3, ge=0, description="last work to arrival at the grid barrier")
     barrier_us: float = Field(0.8, ge=0, description="last arrival to release (stamps: 0.67-0.86)")
-    release_spread_us: float = Field(1.0, ge=0, description="blocks see a release over this long (stamps: the "
-                                                              "critical block released 0.1-1.5 after the first)")
+    release_spread_us: float = Field(0.2, ge=0, description="a block sees a release up to this long after the "
+                                                              "first, its poll of the barrier word (stamps: every "
+                                                              "MoE phase's critical block, after a barrier with no "
+                                                              "prefetch, released 0.06-0.22 after the first)")
+    prefetch_spread_us: float = Field(1.0, ge=0, description="a block that issued the next phase's first chunks "
+                                                               "between arriving and waiting sees it up to this much "
+                                                               "later again: the copy issue is throttled by the "
+                                                               "memory system (stamps: the output projections' "
+                                                               "critical blocks released 1.2-1.5 after the first)")
+    job_walk_us: float = Field(0.03, ge=0, description="per job the kernel walks past to find a unit (job_of: two "
+                                                       "dependent shared loads and a multiply, ~60 cycles) before it "
+                                                       "issues the unit's first chunk")
     release_draws: int = Field(4, ge=1, le=64, description="random release orders a step is averaged over (one "
                                                            "order moves a knob's modelled effect by up to ~5 µs)")
 
@@ -117,10 +130,10 @@ WHAT_IFS = (
     WhatIf(key="finish-free", label="split-K finishes free (the bound of a cluster reduce, step 3)",
            machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0}),
     WhatIf(key="barrier-free", label="grid barriers free (the bound of flags, step 3)",
-           machine={"barrier_us": 0.0, "release_spread_us": 0.0}),
+           machine={"barrier_us": 0.0, "release_spread_us": 0.0, "prefetch_spread_us": 0.0}),
     WhatIf(key="finish-barrier-free", label="free finishes and free barriers together",
            machine={"sum_round_us": 0.0, "epilogue_us": ZERO_FINISH, "publish_us": 0.0, "barrier_us": 0.0,
-                    "release_spread_us": 0.0}),
+                    "release_spread_us": 0.0, "prefetch_spread_us": 0.0}),
 )
 
 
@@ -288,6 +301,20 @@ class StepSimulation:
         # SM with b + SMs (an assumption: the stamps do not record %smid)
         return self.slots[block % len(self.slots)].compute(chunk.slabs, chunk.slabs / floor)
 
+    def walk(self, unit: Unit) -> float:
+        """The kernel's walk of the job table to the unit's job (job_of), before it issues the unit's first chunk."""
+        return unit.job * self.m.job_walk_us
+
+    def issue_first(self, chunks: list[tuple[Unit, bool, bool, Chunk]]) -> Generator:
+        """A table's first two chunks issued at its start, as issue_first does: each unit's first after the walk to
+        its job. Returns their landing events."""
+        landed = []
+        for unit, _, first, chunk in chunks[:2]:
+            if first and unit.job:
+                yield self.env.timeout(self.walk(unit))
+            landed.append(self.fetch(chunk))
+        return landed
+
     def finish(self, unit: Unit) -> Generator:
         yield self.env.timeout(self.m.reduce_us + self.m.publish_us)
         self.arrivals[unit.tile] += 1
@@ -301,10 +328,11 @@ class StepSimulation:
         chunks = [(u, i == len(u.chunks) - 1, i == 0, c) for u in units for i, c in enumerate(u.chunks)]
         if table.staging is not None:
             yield self.env.timeout(self.m.staging_us[table.staging])
-            self.mark(phase, block, "staged")
         landed = self.prefetched.pop((phase, block), None)
         if landed is None:
-            landed = [self.fetch(c[3]) for c in chunks[:2]]
+            landed = yield from self.issue_first(chunks)
+        if table.staging is not None:
+            self.mark(phase, block, "staged")
         if chunks:
             yield self.env.timeout(self.m.run_start_us)
         for i, (unit, last, first, chunk) in enumerate(chunks):
@@ -316,6 +344,8 @@ class StepSimulation:
                 yield self.env.timeout(self.m.swiglu_us + unit.need_rounds * self.m.sum_round_us)
             yield self.compute(block, chunk)
             yield self.env.timeout(self.m.fold_us + self.m.fold_per_slab_us * chunk.slabs)
+            if i + 2 < len(chunks) and chunks[i + 2][2] and chunks[i + 2][0].job:   # next_chunk walks to its unit
+                yield self.env.timeout(self.walk(chunks[i + 2][0]))
             self.mark(phase, block, f"c{i} read")
             if i + 2 < len(chunks):
                 yield self.env.timeout(self.m.issue_us)
@@ -330,14 +360,24 @@ class StepSimulation:
             if target >= len(self.plan) or not self.plan[target].tables:
                 continue
             table = self.plan[target].tables[0]
-            if target - phase != table.prefetch_back:
+            chosen = table.prefetch_of(block)
+            if chosen is None or target - phase != chosen.back:
                 continue
-            if table.prefetched is not None and block not in table.prefetched:
-                continue
-            first = [c for u in table.block_units(block, self.grid) for c in u.chunks][:2]
+            first = [(u, i == 0, c) for u in table.block_units(block, self.grid) for i, c in enumerate(u.chunks)][:2]
             if first:
-                self.prefetched[(target, block)] = [self.fetch(c) for c in first]
-                self.issued_late[block] = self.m.issue_us   # issued after its arrival, before it waits
+                # issued at the arrival; the walk and the issue delay the block's wait
+                self.prefetched[(target, block)] = [self.fetch(c) for _, _, c in first]
+                self.issued_late[block] = self.m.issue_us + sum(self.walk(u) for u, head, _ in first if head)
+
+    def release_lateness(self, phase: int) -> numpy.ndarray:
+        """How long after the release each block starts the phase: its poll of the barrier word, and for a block that
+        issued a prefetch between arriving and waiting, that issue, throttled by the memory system."""
+        if not phase:
+            return numpy.zeros(self.grid)   # the launch
+        poll = self.spread.uniform(0.0, self.m.release_spread_us, self.grid)
+        throttled = self.spread.uniform(0.0, self.m.prefetch_spread_us, self.grid)
+        issued = [self.issued_late.pop(b, None) for b in range(self.grid)]
+        return numpy.array([p if i is None else p + i + t for p, i, t in zip(poll, issued, throttled, strict=True)])
 
     def block(self, block: int, phase: int, release: simpy.Event, late: float, arrived: list[float],
               arrival: list[float]) -> Generator:
@@ -346,14 +386,13 @@ class StepSimulation:
         yield release
         spec = self.plan[phase]
         if spec.simulated:
-            yield self.env.timeout(late + self.issued_late.pop(block, 0.0))
+            yield self.env.timeout(late)
         start = self.started[(phase, block)] = self.env.now
         if spec.simulated:
             for table in spec.tables:
                 yield from self.run_table(block, phase, table)
             yield self.env.timeout(self.m.arrive_us)
         else:
-            self.issued_late.pop(block, None)
             yield self.env.timeout(self.fixed[spec.name])
         self.prefetch(block, phase)
         arrived[block], arrival[block] = self.env.now - start, self.env.now
@@ -364,7 +403,7 @@ class StepSimulation:
         for p, spec in enumerate(self.plan):
             release = self.env.event()
             arrived, arrival = [0.0] * self.grid, [0.0] * self.grid
-            late = self.spread.uniform(0.0, self.m.release_spread_us, self.grid) if p else numpy.zeros(self.grid)
+            late = self.release_lateness(p)
             procs = [self.env.process(self.block(b, p, release, late[b], arrived, arrival)) for b in range(self.grid)]
             release.succeed()
             try:

@@ -11,7 +11,7 @@ groups it touches (what the three bulk copies move, padded columns included). Th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from .bytes_model import layer_bytes
@@ -52,7 +52,8 @@ class Unit:
     """One (tile, K slice) of a job. `tile` names the split-K arrival counter it adds to; `parts` arrivals
     complete it and the last one sums their partials in `sum_rounds` dependent batches of loads (finish
     permitting). `needs`: producer tiles whose every K slice must have arrived before the unit stages its
-    input (down units read gate/up partials), in `need_rounds` batches."""
+    input (down units read gate/up partials), in `need_rounds` batches. `job`: the job's place in its table,
+    the jobs the kernel walks past to find the unit (job_of) before it can issue the unit's first chunk."""
 
     chunks: tuple[Chunk, ...]
     finish: Finish
@@ -61,17 +62,29 @@ class Unit:
     sum_rounds: int = 0
     needs: tuple[tuple[str, int, int], ...] = ()
     need_rounds: int = 0
+    job: int = 0
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Blocks (ids, or None for all) that issue a table's first two chunks at the barrier closing the phase
+    `back` phases before the table's."""
+
+    blocks: frozenset[int] | None = None
+    back: int = 1
 
 
 @dataclass(frozen=True)
 class JobTable:
-    """Units of one job table, in unit order; `prefetched` blocks had its first two chunks issued at the
-    previous grid barrier (a set of block ids, or None for all)."""
+    """Units of one job table, in unit order; a block's prefetch is the first of `prefetches` naming it (none:
+    the block issues its first chunks when its phase starts)."""
 
     units: tuple[Unit, ...]
     staging: Staging | None
-    prefetched: frozenset[int] | None = field(default=frozenset())
-    prefetch_back: int = 1      # the prefetch is issued at the barrier closing the phase this many phases back
+    prefetches: tuple[Prefetch, ...] = ()
+
+    def prefetch_of(self, block: int) -> Prefetch | None:
+        return next((p for p in self.prefetches if p.blocks is None or block in p.blocks), None)
 
     def block_units(self, block: int, grid: int) -> list[Unit]:
         return list(self.units[block::grid])
@@ -122,22 +135,24 @@ def swiglu_rounds(parts: int, cols: int, warps: int) -> int:
     return -(-parts // SUM_BATCH) * -(-(2 * cols // 4) // (warps * 32))
 
 
-def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: int, finish: Finish) -> list[Unit]:
-    """Units of one unpaired job in the kernel's order (unit = tile * ksplit + split)."""
+def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: int, finish: Finish,
+              job: int = 0) -> list[Unit]:
+    """Units of one unpaired job, the table's `job`-th, in the kernel's order (unit = tile * ksplit + split)."""
     return [Unit(chunks=unit_chunks(k, split, ksplit, cfg.group, warps, paired=False), finish=finish,
-                 tile=(name, 0, tile), parts=ksplit, sum_rounds=sum_rounds(ksplit, warps))
+                 tile=(name, 0, tile), parts=ksplit, sum_rounds=sum_rounds(ksplit, warps), job=job)
             for tile in range(tiles_of(n)) for split in range(ksplit)]
 
 
 def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -> tuple[JobTable, JobTable]:
-    """The MoE phase's two tables: shared then routed gate/up pairs, then every slot's down projection."""
+    """The MoE phase's two tables: shared then routed gate/up pairs, then every slot's down projection. The
+    shared units' first chunks are issued two barriers ahead, the routed units' after routing."""
     d, f = cfg.hidden, cfg.moe_inter
     gu_split = {**{s: knobs["KSPLIT_GU"] for s in range(cfg.n_active)},
                 **{cfg.n_active + s: knobs["KSPLIT_SHARED"] for s in range(cfg.n_shared)}}
     slots = [cfg.n_active + s for s in range(cfg.n_shared)] + list(range(cfg.n_active))
     gate_up = [Unit(chunks=unit_chunks(d, split, gu_split[slot], cfg.group, warps, paired=True),
-                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot])
-               for slot in slots for tile in range(tiles_of(f)) for split in range(gu_split[slot])]
+                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot], job=job)
+               for job, slot in enumerate(slots) for tile in range(tiles_of(f)) for split in range(gu_split[slot])]
     shared_blocks = frozenset(range(cfg.n_shared * tiles_of(f) * knobs["KSPLIT_SHARED"]))
     ks = knobs["KSPLIT_DOWN"]
     n_slots = cfg.n_active + cfg.n_shared
@@ -151,35 +166,34 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
                 down.append(Unit(chunks=unit_chunks(f, split, ks, cfg.group, warps, paired=False),
                                  finish=Finish.MOE_OUT, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
                                  sum_rounds=sum_rounds(n_slots * ks, warps), needs=needs,
-                                 need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps)))
-    prefetch = knobs.get("PREFETCH", 1)
-    return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetched=shared_blocks if prefetch else frozenset(),
-                     prefetch_back=2),
-            JobTable(units=tuple(down), staging=None, prefetched=frozenset()))
+                                 need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps), job=slot))
+    prefetches = (Prefetch(shared_blocks, 2),) if knobs["PREFETCH"] else ()
+    return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetches=prefetches),
+            JobTable(units=tuple(down), staging=None))
 
 
 def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
     """Every phase of one decode step, in kernel order, named as bytes_model names them ("L<i> <phase>")."""
     warps = knobs["THREADS"] // 32
-    prefetch = knobs.get("PREFETCH", 1)
-    ahead = None if prefetch else frozenset()
+    ahead = (Prefetch(),) if knobs["PREFETCH"] else ()
     phases: list[Phase] = []
     for layer, kind in enumerate(cfg.pattern):
         names = list(layer_bytes(cfg, kind, 0))
         d, ko = cfg.hidden, cfg.kda_dim if kind == "K" else cfg.mla_heads * cfg.v_head
         out_proj = JobTable(units=tuple(job_units(f"L{layer} o", ko, d, knobs["KSPLIT_O"], cfg, warps,
-                                                  Finish.RESIDUAL)), staging=Staging.FLOATS, prefetched=ahead)
-        first_ahead = ahead if layer > 0 else frozenset()
+                                                  Finish.RESIDUAL)), staging=Staging.FLOATS, prefetches=ahead)
+        first_ahead = ahead if layer > 0 else ()
         if kind == "K":
-            project = [u for m in "qkvg" for u in job_units(f"L{layer} {m}", d, cfg.kda_dim, knobs["KSPLIT_KDA"],
-                                                             cfg, warps, Finish.PARTIAL)]
-            gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetched=first_ahead),),
+            project = [u for job, m in enumerate("qkvg")
+                       for u in job_units(f"L{layer} {m}", d, cfg.kda_dim, knobs["KSPLIT_KDA"], cfg, warps,
+                                          Finish.PARTIAL, job)]
+            gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetches=first_ahead),),
                     names[2]: (out_proj,)}
         else:
             ks = knobs["KSPLIT_MLA"]
             project = (job_units(f"L{layer} q", d, cfg.mla_q_dim, ks, cfg, warps, Finish.MLA)
-                       + job_units(f"L{layer} kva", d, cfg.kv_lora + cfg.qk_rope, ks, cfg, warps, Finish.MLA))
-            gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetched=first_ahead),),
+                       + job_units(f"L{layer} kva", d, cfg.kv_lora + cfg.qk_rope, ks, cfg, warps, Finish.MLA, 1))
+            gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetches=first_ahead),),
                     names[4]: (out_proj,)}
         gemv[names[-1]] = moe_tables(cfg, knobs, warps, layer)
         phases.extend(Phase(name=f"L{layer} {n}", tables=gemv.get(n, ())) for n in names)
