@@ -260,10 +260,10 @@ def seed_session(tmp_path, planner, start_source=None):
     return session, task, stamped[0]
 
 
-def test_every_tuner_move_on_the_seed_carries_the_schedule_models_prediction(tmp_path):
+def three_moves_tuner():
+    """The tuner, stopped after three proposals."""
     from megakernel_agent.agent.planners.base import PlannerExhausted
     from megakernel_agent.agent.planners.tuner import TunerPlanner
-    from megakernel_agent.traces.loader import load as load_trace
 
     class ThreeMoves(TunerPlanner):
         def propose(self, view):
@@ -272,7 +272,13 @@ def test_every_tuner_move_on_the_seed_carries_the_schedule_models_prediction(tmp
                 raise PlannerExhausted("three moves")
             return super().propose(view)
 
-    s, task, stamped = seed_session(tmp_path, ThreeMoves(seed=0))
+    return ThreeMoves(seed=0)
+
+
+def test_every_tuner_move_on_the_seed_carries_the_schedule_models_prediction(tmp_path):
+    from megakernel_agent.traces.loader import load as load_trace
+
+    s, task, stamped = seed_session(tmp_path, three_moves_tuner())
     s.run()
     proposals = [e for e in load_trace(tmp_path / "trace.jsonl").events if e.type == "proposal"]
     assert len(proposals) == 3
@@ -369,3 +375,18 @@ def test_every_declared_knob_value_simulates_on_every_config(size):
             plan = step_plan(cfg, knobs)
             est = simulate(cfg, knobs, m, fixed_spans(plan))
             assert 0 < est.kernel_us < 2000, (knob.name, value)
+
+
+def test_the_tuner_foresees_only_moves_still_to_come(tmp_path):
+    """Predictions are worked out ahead for the moves `upcoming` lists; a move once proposed is not predicted again,
+    and a foreseen move that is no longer upcoming is dropped (its prediction cancelled if not started)."""
+    from megakernel_agent.agent.session import LOOKAHEAD
+    from megakernel_agent.traces.loader import load as load_trace
+
+    planner = three_moves_tuner()
+    s, _, _ = seed_session(tmp_path, planner)
+    s.run()
+    proposed = {("seed", tuple(sorted(p.knobs.items())))
+                for p in load_trace(tmp_path / "trace.jsonl").events if p.type == "proposal"}
+    assert len(proposed) == 3 and not proposed & set(planner.foreseen)
+    assert 0 < len(planner.foreseen) <= LOOKAHEAD + 1

@@ -64,6 +64,7 @@ class TunerPlanner(Planner):
         # (a prediction takes ~1 s; on the proposal's path it would cost a fifth of the tuner's rate)
         self.modelling = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-model")
         self.foreseen: dict[tuple, Future] = {}
+        self.proposed: set[tuple] = set()   # (parent, point) of every move proposed: never foreseen again
 
     def settings(self) -> dict:
         return {"seed": self.seed, "profile": self.profile,
@@ -84,6 +85,7 @@ class TunerPlanner(Planner):
         if self.tools is None:
             return planned
         parent, point = self._key(planned, view)
+        self.proposed.add((parent, point))
         foreseen = self.foreseen.pop((parent, point), None)
         got = foreseen.result() if foreseen is not None else None
         if got is None:   # not foreseen, or foreseen before its parent was profiled
@@ -102,11 +104,15 @@ class TunerPlanner(Planner):
 
     def upcoming(self, view: PlannerView, n: int) -> list[PlannedVersion]:
         """The next `n` moves in the order propose would take them if nothing were kept meanwhile (bases not yet
-        profiled keep the declared knob order here); their model predictions start in the background."""
+        profiled keep the declared knob order here); their model predictions start in the background. Foreseen
+        moves no longer among them are dropped (not yet started: cancelled), and a move already proposed (the
+        session's view may not hold it yet) is not foreseen again."""
         moves = list(itertools.islice(self._plans(view, profile=False), n))
-        for planned in moves:
-            key = self._key(planned, view)
-            if self.tools is not None and key not in self.foreseen:
+        keys = {self._key(planned, view): planned for planned in moves}
+        for stale in [key for key in self.foreseen if key not in keys]:
+            self.foreseen.pop(stale).cancel()
+        for key, planned in keys.items():
+            if self.tools is not None and key not in self.foreseen and key not in self.proposed:
                 self.foreseen[key] = self.modelling.submit(self._prediction, key[0], planned.knobs)
         return moves
 
