@@ -15,7 +15,10 @@ the attention row the chunks are the block's cache tiles, and "read" and "issued
 scores and the softmax of that tile done. In the MoE row (gate/up, then down, no barrier between) the
 down chunks are numbered on from the block's gate/up chunks; "staged" and "1st chunk" are the gate/up
 run's, "computed" and "done" the down run's.
-Medians over several steps. Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384]
+Medians over several steps. With --raw DIR, one more step's stamps of every block are saved per context
+(DIR/stamps_<ctx>.npz: ns rows as the kernel wrote them, EVENT_NAMES, the phase names) for a look at
+single blocks, which the medians above cannot give.
+Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384] [--raw DIR]
 """
 
 from __future__ import annotations
@@ -27,12 +30,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
-from megakernel_agent.sandbox.phases import CHUNK_EVENTS, EVENTS, STAMPED_BUILD  # noqa: E402
+from megakernel_agent.sandbox.phases import (  # noqa: E402
+    CHUNK_EVENTS,
+    EVENT_NAMES,
+    EVENTS,
+    MAX_STAMP_BLOCKS,
+    STAMPED_BUILD,
+    stamp_area,
+)
 from megakernel_agent.sandbox.profile import PROFILE_STEPS, profile_phases  # noqa: E402
 from megakernel_agent.sandbox.report import phase_table  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
@@ -77,11 +88,26 @@ def chunk_table(tl: PhaseTimeline) -> Table:
     return t
 
 
+def save_raw(task: KimiTask, model, ctx: int, grid: int, dev: torch.device, path: Path) -> None:
+    """One step's stamps of every block, as written (after profile_phases has warmed the model up)."""
+    blocks = min(grid, MAX_STAMP_BLOCKS)
+    hidden, state = task.make_inputs(0, ctx, dev)
+    model.step(hidden, state)
+    stamps, events = stamp_area(task.scratch(model))
+    stamps.zero_()
+    events.zero_()
+    model.step(task.make_token(1, dev), task.rewind(state, ctx))
+    torch.cuda.synchronize(dev)
+    np.savez_compressed(path, stamps=stamps[:, :blocks].cpu().numpy(), events=events[:, :, :blocks].cpu().numpy(),
+                        event_names=np.array(EVENT_NAMES), phase_names=np.array(task.phase_names()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kernel", nargs="?", default=None)
     ap.add_argument("--ctx", type=int, nargs="+", default=[2048, 16384])
     ap.add_argument("--steps", type=int, default=PROFILE_STEPS)
+    ap.add_argument("--raw", type=Path, default=None, help="also save one step's per-block stamps here")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     task = KimiTask("full")
@@ -91,6 +117,10 @@ def main() -> None:
                                  build_megakernel(source, task.cfg, {**knobs, **STAMPED_BUILD}))
     grid = torch.cuda.get_device_properties(dev).multi_processor_count * int(knobs.get("BLOCKS_PER_SM", 1))
     timelines = [profile_phases(task, model, ctx, grid, dev, args.steps) for ctx in args.ctx]
+    if args.raw:
+        args.raw.mkdir(parents=True, exist_ok=True)
+        for ctx in args.ctx:
+            save_raw(task, model, ctx, grid, dev, args.raw / f"stamps_{ctx}.npz")
     console = Console(width=260)
     for table in (phase_table, event_table, chunk_table):
         for tl in timelines:
