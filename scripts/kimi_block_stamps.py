@@ -15,7 +15,12 @@ import argparse
 
 import numpy as np
 
-EVENTS = ["staged", "1st chunk", *(f"c{k} {e}" for k in range(6) for e in ("landed", "read")), "computed", "done"]
+
+def shown_events(names: list[str]) -> list[str]:
+    """The saved event names in reading order: chunk events between a run's start and its end, without the
+    "issued" stamps (a refill's time, not the block's progress)."""
+    kept = [n for n in names if not n.endswith(" issued")]
+    return sorted(kept, key=lambda n: n in ("computed", "done"))
 
 
 def phase_events(path: str, phase: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
@@ -41,7 +46,7 @@ def main() -> None:
     ap.add_argument("--latest", type=int, default=15, help="how many of the latest blocks to list")
     args = ap.parse_args()
     release, arrival, ev, names = phase_events(args.npz, args.phase)
-    shown = [e for e in EVENTS if e in names]
+    shown = shown_events(names)
     col = {e: names.index(e) for e in shown}
     print(f"{args.phase}: span {arrival.max():.1f} µs; µs from the phase's first release, latest blocks first")
     print("block  rel " + "".join(f"{e:>10s}" for e in shown) + "   arrived")
