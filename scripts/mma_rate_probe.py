@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
 import cupy
 import numpy
-from cupy_backends.cuda.libs import nvrtc
+from sm90a_module import load_sm90a
 
 SOURCE = Path(__file__).with_suffix(".cu")
 THREADS, BLOCKS_PER_SM = 256, 2
@@ -36,17 +35,6 @@ KERNELS = {
     "wgmma_rate_n32": (32, THREADS // 128, 64, 32, 16),
     "wgmma_rate_n64": (32, THREADS // 128, 64, 64, 16),
 }
-
-
-def load() -> cupy.RawModule:
-    prog = nvrtc.createProgram(SOURCE.read_text(), SOURCE.name, [], [])
-    try:
-        nvrtc.compileProgram(prog, ["-std=c++17", "-arch=sm_90a"])
-    except nvrtc.NVRTCError as e:
-        raise SystemExit(f"{SOURCE.name} did not compile: {e}\n{nvrtc.getProgramLog(prog)}") from None
-    cubin = Path(tempfile.mkdtemp(prefix="mma-rate-")) / "probe.cubin"
-    cubin.write_bytes(nvrtc.getCUBIN(prog))
-    return cupy.RawModule(path=str(cubin))
 
 
 def run(kernel, grid: int, iters: int) -> tuple[float, float]:
@@ -67,7 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
     args = ap.parse_args()
-    mod = load()
+    mod = load_sm90a(SOURCE)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     grid = sms * BLOCKS_PER_SM
     print(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()} · {sms} SMs · grid {grid} x {THREADS}")

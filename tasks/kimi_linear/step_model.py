@@ -297,8 +297,8 @@ class StepSimulation:
         if not chunk.slabs:
             return self.env.timeout(0.0)
         floor = self.m.slab_latency_us * self.m.compute_scale
-        # the block scheduler deals a launch's blocks out one per SM before it doubles up, so block b shares its
-        # SM with b + SMs (an assumption: the stamps do not record %smid)
+        # the block scheduler deals a launch's blocks out one per SM before it doubles up: block b shares its SM
+        # with b + SMs + d, d in {-6, 0, 1, 2} on an H100 (cluster_probe.py --placement); b + SMs stands for it
         return self.slots[block % len(self.slots)].compute(chunk.slabs, chunk.slabs / floor)
 
     def walk(self, unit: Unit) -> float:
