@@ -1,5 +1,5 @@
-"""Compile a probe's CUDA source for sm_90a with NVRTC and load it (CuPy's RawModule picks sm_90, without the
-`a` features the probes use: wgmma, setmaxnreg, cluster PTX)."""
+"""Compile a probe's CUDA source for sm_90a with NVRTC and load it. CuPy's RawModule would pick sm_90, which lacks
+the `a` features mma_rate_probe uses (wgmma, setmaxnreg); the other probes build the same way."""
 
 from __future__ import annotations
 
