@@ -173,6 +173,17 @@ def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():
     assert simulate(FULL, {**SEED_KNOBS, "PREFETCH": 0}, MachineModel(), fixed).kernel_us > base.kernel_us
 
 
+def test_a_variant_plan_is_modelled_in_place_of_the_seeds():
+    """What-if plans the kernel does not have yet (traces/examples/kimi-cluster-probe) go through simulate."""
+    plan = step_plan(FULL, SEED_KNOBS)
+    fixed = fixed_spans(plan)
+    machine = MachineModel(release_draws=1)
+    base = simulate(FULL, SEED_KNOBS, machine, fixed).kernel_us
+    assert simulate(FULL, SEED_KNOBS, machine, fixed, plan).kernel_us == base
+    no_moe = [p if not p.name.endswith("g/u+down") else Phase(name=p.name, tables=p.tables[:1]) for p in plan]
+    assert simulate(FULL, SEED_KNOBS, machine, fixed, no_moe).kernel_us < base
+
+
 def test_a_phase_the_model_cannot_simulate_needs_its_stamped_span():
     with pytest.raises(ValueError, match="no stamped span"):
         simulate(FULL, SEED_KNOBS, MachineModel(), {})

@@ -428,10 +428,12 @@ def stamped_spans(timeline: PhaseTimeline) -> dict[str, float]:
     return {r.name: r.span_us for r in timeline.rows}
 
 
-def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float]) -> StepEstimate:
+def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixed_us: dict[str, float],
+             plan: list[Phase] | None = None) -> StepEstimate:
     """Model one step of the seed with these knob values (every knob the plan reads must be given), averaged
-    over `machine.release_draws` random release orders."""
-    plan = step_plan(cfg, knobs)
+    over `machine.release_draws` random release orders. `plan`: a variant of the seed's plan to model instead
+    (what-ifs the kernel does not have yet; the knobs still give the launch shape)."""
+    plan = plan if plan is not None else step_plan(cfg, knobs)
     per_sm = knobs["BLOCKS_PER_SM"]
     draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d).run()
              for d in range(machine.release_draws)]

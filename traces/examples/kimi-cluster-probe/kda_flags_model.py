@@ -8,22 +8,8 @@ model's own plan:
 A delta unit is modelled as a unit with no weights: its S load is the empty chunk's latency, then one publish.
 Run from the repository root: python traces/examples/kimi-cluster-probe/kda_flags_model.py
 """
-import sys
-from pathlib import Path
+from seed_model_setup import cfg, knobs, simulate, wp
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from megakernel_agent.agent import schedule_model as sm  # noqa: E402
-from megakernel_agent.sandbox.candidate import parse_knobs, resolve_knobs  # noqa: E402
-from megakernel_agent.tasks.kimi_linear import step_model as stm  # noqa: E402
-from megakernel_agent.tasks.kimi_linear import work_plan as wp  # noqa: E402
-from megakernel_agent.tasks.kimi_linear.config import FULL as cfg  # noqa: E402
-
-src = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
-knobs = resolve_knobs(parse_knobs(src), {})
-timeline = sm.stamped_timeline(str(sm.DEFAULT_TIMELINE), None)
-fixed = stm.stamped_spans(timeline)
-machine = stm.MachineModel()
 SLICES = cfg.kda_head_dim // 16   # the seed's delta units: (head, 16-column slice)
 
 
@@ -74,10 +60,7 @@ def plan(merged: bool, rounds: int, o_proj_too: bool = False) -> list[wp.Phase]:
 
 def run(p: list[wp.Phase], label: str) -> None:
     """Print the modelled kernel µs and layer 1's KDA phases (span / mean block), averaged over release draws."""
-    per_sm = knobs["BLOCKS_PER_SM"]
-    draws = [stm.StepSimulation(p, machine.sms * per_sm, per_sm, machine, fixed, d).run()
-             for d in range(machine.release_draws)]
-    est = stm.averaged(draws)
+    est = simulate(p)
     rows = "  ".join(f"{e.name} {e.span_us:.1f}/{e.mean_us:.1f}" for e in est.phases
                      if "kda" in e.name and "L1" in e.name)
     print(f"{label:44} kernel {est.kernel_us:6.1f}  {rows}")

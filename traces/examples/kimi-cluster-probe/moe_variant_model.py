@@ -7,22 +7,9 @@ made here, around the model's own plan, so the model itself stays the seed's.
 Run from the repository root: python traces/examples/kimi-cluster-probe/moe_variant_model.py
 """
 import dataclasses
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from megakernel_agent.agent import schedule_model as sm  # noqa: E402
-from megakernel_agent.sandbox.candidate import parse_knobs, resolve_knobs  # noqa: E402
-from megakernel_agent.tasks.kimi_linear import step_model as stm  # noqa: E402
-from megakernel_agent.tasks.kimi_linear import work_plan as wp  # noqa: E402
-from megakernel_agent.tasks.kimi_linear.config import FULL as cfg  # noqa: E402
+from seed_model_setup import cfg, fixed, knobs, simulate, wp
 
-src = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
-knobs = resolve_knobs(parse_knobs(src), {})
-timeline = sm.stamped_timeline(str(sm.DEFAULT_TIMELINE), None)
-fixed = stm.stamped_spans(timeline)
-machine = stm.MachineModel()
 warps = knobs["THREADS"] // 32
 
 
@@ -64,10 +51,7 @@ def variant_plan(gu_split: int, gu_chunk: int, shared_out: bool) -> list[wp.Phas
 
 def run(plan: list[wp.Phase], label: str) -> None:
     """Print the modelled kernel µs and the router and MoE spans of `plan`, averaged over the release draws."""
-    per_sm = knobs["BLOCKS_PER_SM"]
-    draws = [stm.StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed, d).run()
-             for d in range(machine.release_draws)]
-    est = stm.averaged(draws)
+    est = simulate(plan)
     total = 0.0
     rows = []
     for e in est.phases:
