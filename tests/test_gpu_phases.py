@@ -1,5 +1,6 @@
 """GPU: the phase timeline as a product instrument — `bench --phases`, a profile-only request whose spans and
-waits add up to the kernel time CUDA events measure, and a task without phases refused cleanly."""
+waits add up to the kernel time CUDA events measure (the barrier stamps do not slow the step), and a task
+without phases refused cleanly."""
 
 import os
 import subprocess
@@ -45,7 +46,8 @@ def test_profile_only_request_adds_up_to_the_kernel_time_of_cuda_events(tmp_path
     assert all(r.span_us > 0 and r.mean_us >= 0 and r.wait_us >= 0 and r.tbs > 0 for r in tl.rows)
     assert sum(r.bytes for r in tl.rows) == timed.timings[0].bytes_per_step
     assert tl.kernel_us == pytest.approx(sum(r.span_us + r.wait_us for r in tl.rows))
-    assert tl.kernel_us == pytest.approx(timed.median_us(CTX), rel=0.2)
+    assert all(not r.events for r in tl.rows)   # barrier stamps only: the in-phase events slow the step ~7%
+    assert tl.kernel_us == pytest.approx(timed.median_us(CTX), rel=0.04)   # launch gaps in the timed step only
 
 
 def test_profiling_a_task_without_phases_is_a_build_failure(tmp_path):

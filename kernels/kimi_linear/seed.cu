@@ -66,8 +66,8 @@
 #define SKIP_MOE 0
 #endif
 #ifndef PHASE_STAMPS
-#define PHASE_STAMPS 0   // profiling switch: each block stamps %globaltimer around every grid barrier
-#endif                   // and at four events inside each GEMV phase (see Event)
+#define PHASE_STAMPS 0   // profiling switch: 1, each block stamps %globaltimer around every grid barrier (free:
+#endif                   // the step's time is unchanged); 2, also at events inside each phase (see Event)
 
 constexpr int WARPS = THREADS / 32;
 constexpr int TILE = 256;          // output columns per GEMV tile (16 lanes x 16 columns)
@@ -355,7 +355,7 @@ struct Ctx {
   __device__ float* splitk() const { return scratch + OFF_SPLITK; }
 };
 
-// Profiling (PHASE_STAMPS): events inside a GEMV phase, stamped by thread 0 (the first four right after a
+// Profiling (PHASE_STAMPS 2): events inside a GEMV phase, stamped by thread 0 (the first four right after a
 // __syncthreads): input staged, first chunk landed, a unit's sums reduced (the last counts), all units
 // done; then, for each of a block's first six chunks, landed, read by every warp, next chunk issued.
 // In the MoE phase the down units' chunks are numbered on from the block's gate/up chunks, "staged" and
@@ -363,6 +363,9 @@ struct Ctx {
 // MLA attention stamps the first four too: q loads issued, first cache tile in shared memory, last
 // tile's P.V done, partials written (a unit's; the last one counts); and per cache tile, in the chunk
 // slots: landed, scores done, softmax done.
+// The events cost: the step runs ~7% slower (H100, 2K: +16-19 µs/token; neither the timer read nor the
+// global store is the cost: a clock64 kept in shared memory costs the same). Read a phase's order of
+// events from them and its length from the barrier stamps of PHASE_STAMPS 1 (BENCHMARKS.md, 2026-12-05).
 enum Event { EV_STAGED, EV_FIRST_CHUNK, EV_COMPUTED, EV_DONE, EV_CHUNK };
 enum ChunkEvent { CH_LANDED, CH_READ, CH_ISSUED };
 constexpr int STAMPED_CHUNKS = 6;
@@ -371,24 +374,24 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#if PHASE_STAMPS
+#if PHASE_STAMPS >= 2
 __shared__ int stamp_phase;   // the phase this block is in; kept by Barrier::stamp
 __shared__ int stamp_chunks;  // chunks this block has run in that phase (thread 0's count)
 #endif
 __device__ __forceinline__ int phase_chunks() {
-#if PHASE_STAMPS
+#if PHASE_STAMPS >= 2
   return stamp_chunks;
 #else
   return 0;
 #endif
 }
 __device__ __forceinline__ void set_phase_chunks(int k) {
-#if PHASE_STAMPS
+#if PHASE_STAMPS >= 2
   if (threadIdx.x == 0) stamp_chunks = k;
 #endif
 }
 __device__ __forceinline__ void mark(const Ctx& cx, int ev) {
-#if PHASE_STAMPS
+#if PHASE_STAMPS >= 2
   if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2 && ev < N_EVENTS)
     reinterpret_cast<unsigned long long*>(cx.scratch + OFF_EVENTS)
         [((size_t)stamp_phase * N_EVENTS + ev) * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
@@ -1690,7 +1693,7 @@ struct Barrier {
     if (PHASE_STAMPS && threadIdx.x == 0 && n < MAX_STAMPS && blockIdx.x < MAX_STAMP_BLOCKS)
       stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
     ++n;
-#if PHASE_STAMPS
+#if PHASE_STAMPS >= 2
     if (threadIdx.x == 0) { stamp_phase = n / 2; stamp_chunks = 0; }   // after a release: the phase that begins
 #endif
   }
