@@ -45,7 +45,8 @@ STAMPED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
 class MachineModel(BaseModel):
     """Costs the model charges, µs unless named otherwise; defaults from the H200 probes and the seed's stamps
     (BENCHMARKS.md, 2026-12-05). Each one is a what-if handle: `compute_scale` 0.73 is the tensor-core loop's
-    measured 1.37x, `barrier_us` 0 a grid with free barriers."""
+    measured 1.37x, `barrier_us` 0 a grid with free barriers. The stamp-derived figures came from builds with
+    the in-phase events on, which ran the step ~7% slower (BENCHMARKS.md, twenty-fourth session); not refitted."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
