@@ -4,9 +4,9 @@ The timeline (span, mean block work, barrier wait, bytes, TB/s per phase; sandbo
 each is read from the stamps) is the one `run_agent.py bench --phases` prints: a -DPHASE_STAMPS=1 build,
 barrier stamps only, which leave the step's time as it is. The event tables come from a second build,
 -DPHASE_STAMPS=2, whose events slow the step (~7% on an H100): read the order of events from them, the
-lengths from the timeline; the events build's own timeline is printed last, for the comparison. A block that leaves a
-barrier late (it issues the next phase's prefetch between arriving and waiting) shows in the next span
-and in the critical block's release column.
+lengths from the timeline; the events build's own timeline is printed last, for the comparison.
+A block that leaves a barrier late (it issues the next phase's prefetch between arriving and waiting)
+shows in the next span and in the critical block's release column.
 Inside each GEMV phase, thread 0 also stamps four events: input staged, first weight chunk landed, a
 unit's sums reduced (the last one counts) and all units done. The second table gives their mean
 offsets from the block's release and the same offsets for the phase's critical block (the last to
@@ -17,9 +17,9 @@ the attention row the chunks are the block's cache tiles, and "read" and "issued
 scores and the softmax of that tile done. In the MoE row (gate/up, then down, no barrier between) the
 down chunks are numbered on from the block's gate/up chunks; "staged" and "1st chunk" are the gate/up
 run's, "computed" and "done" the down run's.
-Medians over several steps. With --raw DIR, one more step's stamps (events build) of every block are saved per context
-(DIR/stamps_<ctx>.npz: ns rows as the kernel wrote them, EVENT_NAMES, the phase names) for a look at
-single blocks, which the medians above cannot give.
+Medians over several steps. With --raw DIR, one more step's stamps of every block (events build) are
+saved per context (DIR/stamps_<ctx>.npz: ns rows as the kernel wrote them, EVENT_NAMES, the phase names)
+for a look at single blocks, which the medians above cannot give.
 Usage: python scripts/kimi_phase_stamps.py [KERNEL.cu] [--ctx 2048 16384] [--raw DIR]
 """
 
@@ -118,14 +118,14 @@ def main() -> None:
     knobs = {k: str(v) for k, v in Candidate(source=source).resolved_knobs().items()}
     reference = task.build_reference(dev, 0)
     grid = torch.cuda.get_device_properties(dev).multi_processor_count * int(knobs.get("BLOCKS_PER_SM", 1))
-    timelines = {}
-    for name, switches in (("spans", STAMPED_BUILD), ("events", EVENTS_BUILD)):
-        model = task.build_candidate(reference, build_megakernel(source, task.cfg, {**knobs, **switches}))
-        timelines[name] = [profile_phases(task, model, ctx, grid, dev, args.steps) for ctx in args.ctx]
-    if args.raw:   # the events build's stamps, every block
+    models = {name: task.build_candidate(reference, build_megakernel(source, task.cfg, {**knobs, **switches}))
+              for name, switches in (("spans", STAMPED_BUILD), ("events", EVENTS_BUILD))}
+    timelines = {name: [profile_phases(task, m, ctx, grid, dev, args.steps) for ctx in args.ctx]
+                 for name, m in models.items()}
+    if args.raw:
         args.raw.mkdir(parents=True, exist_ok=True)
         for ctx in args.ctx:
-            save_raw(task, model, ctx, grid, dev, args.raw / f"stamps_{ctx}.npz")
+            save_raw(task, models["events"], ctx, grid, dev, args.raw / f"stamps_{ctx}.npz")
     console = Console(width=260)
     for table, name in ((phase_table, "spans"), (event_table, "events"), (chunk_table, "events")):
         for tl in timelines[name]:
