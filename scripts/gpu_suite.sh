@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -15,6 +15,12 @@ from megakernel_agent.sandbox.report import print_eval
 from megakernel_agent.traces.results import EvalResult
 print_eval(EvalResult.model_validate_json(open(sys.argv[1]).read()), Console(width=170))
 PY
+}
+
+patched() {  # patched PATCH NAME: a copy of the seed with PATCH applied, as NAME.cu in a new temp folder; prints its path
+  local t; t=$(mktemp -d)
+  mkdir -p "$t/kernels/kimi_linear" && cp kernels/kimi_linear/seed.cu "$t/kernels/kimi_linear/" &&
+    (cd "$t" && git apply "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
 }
 
 for step in "$@"; do
@@ -70,6 +76,15 @@ for step in "$@"; do
     host) timeout 300 python3 scripts/kimi_host_cost.py --apis 2>&1 | tee "$OUT/host.log" ;;
     probe) timeout 120 python3 scripts/stream_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     tcprobe) timeout 120 python3 scripts/tc_gemv_probe.py 2>&1 | tee "$OUT/tc_probe.log" ;;   # issue 28, step 1
+    tctile)  # issue 28, step 1 in the seed: the inner loop on tensor cores over the ring's own layout
+      timeout 120 python3 scripts/tc_gemv_probe.py 2>&1 | tee "$OUT/tc_probe.log"
+      k=$(patched traces/examples/kimi-tc-tile/seed-tc-tile.patch seed-tc-tile) || { echo "patch failed"; continue; }
+      timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$k" --ctx 2048 --ctx 16384 --rounds 4 \
+        2>&1 | tee "$OUT/tctile_compare.log" | tail -25
+      timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/tctile_phases.log" | tail -40 ;;
+    coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
+      k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
+      timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --ctx 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)

@@ -28,6 +28,9 @@
 //               per-element scale multiply, and no fold per group.
 //               Warps: warp w takes the chunk's group w / 4 (k half) and m-tiles 4(w % 4) .. +3 (64 columns).
 //               The per-period scales, zeros, S and O lie in shared memory beside the ring slots.
+//   tile_probe  mma.sync as tc_probe, on the seed's own image (no new weight layout): a lane loads two packed
+//               rows of 16 columns, one PRMT per m-tile makes the word tc_probe's binding would have written,
+//               the fold runs once per chunk (see tile_chunk).
 //
 // Knobs: none (shapes are fixed by the seed's chunk). Build check: nvcc -arch=sm_90a -cubin -Xptxas -v
 // scripts/tc_gemv_probe.cu. Run: python3 scripts/tc_gemv_probe.py (compiles this file with CuPy).
@@ -213,6 +216,75 @@ __device__ __forceinline__ void tc_fold(const unsigned char* sm, float (&acc)[MT
   }
 }
 
+// ================================ tensor cores on the seed's own layout ================================
+
+// The loop the seed could run without a new weight layout: the ring slot as the seed's copies fill it
+// (packed row r = k 2r, 2r + 1 of 256 columns, 256 B apart), read by 16-byte loads as the seed reads it.
+// A warp takes a column half (128 columns, 8 m-tiles) and a slab pair (64 k, 4 k-blocks) of the chunk.
+// Per k-block a lane loads two packed rows (2t and 2t + 1 of the block) at its 16 columns 16g .. 16g + 15:
+// the four rows of a load are 256 B apart, so each row's 128 B fill one shared-memory wavefront (no bank
+// conflict). One PRMT per m-tile then puts two columns x two rows into the word `mma_int4` reads:
+//     m-tile i: row g = column 16g + 2i, row g + 8 = column 16g + 2i + 1 (of the warp's half),
+//     lane t's k-slots 2t, 2t + 1, 2t + 8, 2t + 9 = k 4t, 4t + 2, 4t + 1, 4t + 3 (of the k-block),
+// so the B operand is x[4t .. 4t + 3] of the k-block, two PRMTs of one 8-byte load, in column 0 (lanes
+// g = 0; the others hold zeros). Slots 0-7 carry 1024 + q (even k), slots 8-15 carry 64 + q (odd k): the
+// fold subtracts O = 1024 E + 64 D with E and D the sums of x over the even and odd k of the warp's
+// slabs (per-slab sums made once when x is staged), and the zero point with S = E + D.
+// The fold runs once per chunk, on the lanes t = 0 that hold column 0 (16 columns each).
+constexpr int TT_COLS = TILE / 2;                       // tile loop: columns per warp
+constexpr int TT_MT = TT_COLS / 16;                     // m-tiles per warp
+constexpr int TT_K = 2 * 2 * SLAB;                      // k per warp per chunk: two slabs
+constexpr int TT_KB = TT_K / 16;                        // k-blocks per warp per chunk
+constexpr int TT_SLAB_SUMS = UNIT_K / (2 * SLAB);       // one {even, odd} sum of x per slab of the unit
+constexpr float LO_BIAS = 1024.0f, HI_BIAS = 64.0f;     // the fp16 magic numbers' offsets (even, odd k)
+static_assert(2 * (CHUNK_K / TT_K) == WARPS, "tile: two column halves x four slab pairs make up the chunk");
+static_assert(GROUP % TT_K == 0, "tile: a warp's two slabs lie in one quant group");
+
+__device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
+  unsigned d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // bytes of {b, a} chosen by sel
+  return d;
+}
+
+// y (the 16 columns of a lane t = 0) += this warp's slab pair of chunk c, read from the seed image. Lanes
+// g != 0 read their zero B registers from `zero8` (8 zero bytes): no branch around the load.
+__device__ __forceinline__ void tile_chunk(const unsigned char* sm, const float2* slab_sums, const uint2* zero8, int c,
+                                           float (&y)[16]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int j = c % PERIOD, half = warp & 1, k0 = (warp >> 1) * TT_K;
+  const unsigned char* wp = sm + SEED_W + (c & 1) * CHUNK_BYTES + (k0 / 2 + 2 * t) * TILE + half * TT_COLS + 16 * g;
+  const __half* xp = reinterpret_cast<const __half*>(sm + SEED_X) + j * CHUNK_K + k0 + 4 * t;
+  float d[TT_MT][4];
+#pragma unroll
+  for (int i = 0; i < TT_MT; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
+#pragma unroll
+  for (int kb = 0; kb < TT_KB; ++kb) {
+    const uint4 r0 = *reinterpret_cast<const uint4*>(wp + 8 * kb * TILE);
+    const uint4 r1 = *reinterpret_cast<const uint4*>(wp + (8 * kb + 1) * TILE);
+    const uint2 xv = *(g == 0 ? reinterpret_cast<const uint2*>(xp + 16 * kb) : zero8);
+    const unsigned b0 = prmt(xv.x, xv.y, 0x5410u), b1 = prmt(xv.x, xv.y, 0x7632u);   // {x0, x2}, {x1, x3}
+    const unsigned w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+    for (int i = 0; i < TT_MT; ++i) mma_int4(d[i], prmt(w0[i >> 1], w1[i >> 1], i & 1 ? 0x7632u : 0x5410u), b0, b1);
+  }
+  if (t == 0) {
+    const int slab = (j * CHUNK_K + k0) / (2 * SLAB);
+    const float even = slab_sums[slab].x + slab_sums[slab + 1].x, odd = slab_sums[slab].y + slab_sums[slab + 1].y;
+    const float S = even + odd, O = LO_BIAS * even + HI_BIAS * odd;
+    const int group = 2 * j + k0 / GROUP;
+    const uint4* sp = reinterpret_cast<const uint4*>(sm + SEED_S + (group * TILE + half * TT_COLS + 16 * g) * 2);
+    const uint4* zp = reinterpret_cast<const uint4*>(sm + SEED_Z + (group * TILE + half * TT_COLS + 16 * g) * 2);
+    const uint4 s0 = sp[0], s1 = sp[1], z0 = zp[0], z1 = zp[1];
+    const unsigned sw[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+    const unsigned zw[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+#pragma unroll
+    for (int i = 0; i < TT_MT; ++i) {   // word i of the scales holds columns 2i (low) and 2i + 1 (high)
+      y[2 * i] = fmaf(bf16_lo(sw[i]), d[i][0] - fmaf(bf16_lo(zw[i]), S, O), y[2 * i]);
+      y[2 * i + 1] = fmaf(bf16_hi(sw[i]), d[i][2] - fmaf(bf16_hi(zw[i]), S, O), y[2 * i + 1]);
+    }
+  }
+}
+
 // ================================ kernels ================================
 
 // out[block][warp][column]: the warp's partial sums after `steps` chunk steps (steps % PERIOD == 0).
@@ -268,5 +340,39 @@ tc_probe(const uint4* images, int n_images, int steps, float* out) {
       dst[16 * m] = y[m][0];
       dst[16 * m + 8] = y[m][1];
     }
+  }
+}
+
+// out[block][warp][column]: each warp's sums of its column half after `steps` chunk steps (lanes t = 0).
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+tile_probe(const uint4* images, int n_images, int steps, float* out) {
+  extern __shared__ uint4 smem[];
+  __shared__ float2 slab_sums[TT_SLAB_SUMS];
+  __shared__ uint2 zero8;
+  if (threadIdx.x == 0) zero8 = make_uint2(0u, 0u);
+  stage_image(images, n_images, SEED_BYTES, smem);
+  const unsigned char* sm = reinterpret_cast<const unsigned char*>(smem);
+  if (threadIdx.x < TT_SLAB_SUMS) {   // what staging x would add: per slab, sum x over even and odd k
+    const __half2* xs = reinterpret_cast<const __half2*>(sm + SEED_X) + threadIdx.x * SLAB;
+    float2 e = make_float2(0.0f, 0.0f);
+    for (int r = 0; r < SLAB; ++r) {
+      const float2 v = __half22float2(xs[r]);
+      e.x += v.x;
+      e.y += v.y;
+    }
+    slab_sums[threadIdx.x] = e;
+  }
+  __syncthreads();
+  float y[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) y[i] = 0.0f;
+#pragma unroll 1
+  for (int c = 0; c < steps; ++c) tile_chunk(sm, slab_sums, &zero8, c, y);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if ((lane & 3) == 0) {
+    float4* dst = reinterpret_cast<float4*>(out + ((size_t)blockIdx.x * WARPS + warp) * TILE + (warp & 1) * TT_COLS +
+                                            16 * (lane >> 2));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst[i] = make_float4(y[4 * i], y[4 * i + 1], y[4 * i + 2], y[4 * i + 3]);
   }
 }

@@ -1,12 +1,15 @@
 """Compute-only cost of the int4 GEMV inner loop: the seed's fp16-FMA loop against mma.sync tensor cores.
 
-Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds both loops and says how each works; this
-driver builds their shared-memory images from one random W4A16 problem, checks both against an exact
-reference, and times them. The grid is the seed's (SMs x 2 blocks x 256 threads). Every block
-copies its image once, then runs chunk steps on weights that stay in shared memory: no DRAM stream,
-no copies, no barriers. A chunk step is the seed's: 32 KB of packed weights per block (256 k x 256
-columns), 4 KB per warp, so "µs per chunk step" is what scripts/chunk_probe.py reports as "compute,
-8 slabs" (1.54 µs for the seed itself).
+Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds three loops and says how each works: the
+seed's, tensor cores on an MMA-native weight layout (tc_probe: the binding would write it), and tensor
+cores on the seed's own ring layout (tile_probe: no new layout, one PRMT more per MMA). This driver
+builds their shared-memory images from one random W4A16 problem, checks each against an exact
+reference, and times them. tile_probe's lanes are also emulated on the CPU (emulate_tile; the test
+tests/test_tc_gemv_probe.py holds it to the reference). The grid is the seed's (SMs x 2 blocks x 256
+threads). Every block copies its image once, then runs chunk steps on weights that stay in shared
+memory: no DRAM stream, no copies, no barriers. A chunk step is the seed's: 32 KB of packed weights per
+block (256 k x 256 columns), 4 KB per warp, so "µs per chunk step" is what scripts/chunk_probe.py reports
+as "compute, 8 slabs" (1.54 µs for the seed itself).
 
 µs per chunk step = (time of a 96-step launch - time of a 32-step launch) / 64, so launch cost and the
 image copy cancel. Each sample is 10 launches of each length; the table shows the median over the
@@ -14,7 +17,7 @@ samples (and the fastest and slowest), and the grid's compute-only weight rate.
 
 Numerics: 8 steps compute a GEMV of K = 2048 (16 quant groups of 128, bf16 scale and zero point per
 group and column) by N = 256 per block, fp16 activations. The reference dequantizes the same int4
-weights exactly, W = (q - z) * s in fp32, and sums in fp64. Both kernels run 16 steps (two passes of
+weights exactly, W = (q - z) * s in fp32, and sums in fp64. Every kernel runs 16 steps (two passes of
 the 8-step period, so the tensor-core fold's reset is exercised too) and must match 2x the reference.
 
 Usage: python3 scripts/tc_gemv_probe.py [--reps 30] [--sets 8]
@@ -199,7 +202,87 @@ def tc_image(p: Problem) -> numpy.ndarray:
 VARIANTS = (
     Variant("seed fp16-FMA loop", "seed_probe", "SEED_BYTES", seed_image),
     Variant("tensor cores (mma.sync)", "tc_probe", "TC_BYTES", tc_image),
+    Variant("tensor cores, seed layout", "tile_probe", "SEED_BYTES", seed_image),
 )
+
+
+# ================================ tile_probe emulated on the CPU ================================
+# What tile_probe's lanes compute, register by register, so its index arithmetic can be checked against
+# the reference without a GPU (tests/test_tc_gemv_probe.py). The PTX m16n8k16 fragment layouts: lane
+# (g, t) holds A rows g and g + 8 at k-slots 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3), B column g at
+# the same k-slots (b0, b1), and D rows g, g + 8 at columns 2t, 2t + 1.
+
+TT_COLS, TT_MT, TT_K = TILE // 2, TILE // 32, 64    # tile_probe: columns, m-tiles, k per warp per chunk
+LANE_G, LANE_T = numpy.ix_(range(8), range(4))
+
+
+def prmt(a: numpy.ndarray, b: numpy.ndarray, sel: int) -> numpy.ndarray:
+    """PTX prmt.b32 (default mode): byte i of the result is byte (sel >> 4i) & 7 of {b, a}."""
+    pool = (b.astype(numpy.uint64) << 32) | a.astype(numpy.uint64)
+    out = numpy.zeros(a.shape, dtype=numpy.uint64)
+    for i in range(4):
+        out |= ((pool >> numpy.uint64(8 * ((sel >> 4 * i) & 7))) & numpy.uint64(0xFF)) << numpy.uint64(8 * i)
+    return out.astype(numpy.uint32)
+
+
+def halves(w: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """The (low, high) fp16 values of 32-bit registers."""
+    return ((w & 0xFFFF).astype(numpy.uint16).view(numpy.float16).astype(numpy.float64),
+            (w >> 16).astype(numpy.uint16).view(numpy.float16).astype(numpy.float64))
+
+
+def mma_int4_emulated(word: numpy.ndarray, b0: numpy.ndarray, b1: numpy.ndarray) -> numpy.ndarray:
+    """(sets, 16, 8) D of the .cu's mma_int4 for (sets, 8 g, 4 t) lane words and B registers, C = 0."""
+    u = word >> 8
+    regs = ((word & 0x000F000F) | 0x64006400, (u & 0x000F000F) | 0x64006400,
+            (word & 0x00F000F0) | 0x54005400, (u & 0x00F000F0) | 0x54005400)
+    a = numpy.zeros(word.shape[:1] + (16, 16))
+    for r, reg in enumerate(regs):
+        lo, hi = halves(reg)
+        row, slot = LANE_G + 8 * (r & 1), 2 * LANE_T + 8 * (r >> 1)
+        a[:, row, slot], a[:, row, slot + 1] = lo, hi
+    bm = numpy.zeros(word.shape[:1] + (16, 8))
+    for r, reg in enumerate((b0, b1)):
+        lo, hi = halves(reg)
+        slot = 2 * LANE_T + 8 * r
+        bm[:, slot, LANE_G], bm[:, slot + 1, LANE_G] = lo, hi
+    return a @ bm
+
+
+def emulate_tile(p: Problem, steps: int) -> numpy.ndarray:
+    """(sets, TILE) what tile_probe's lanes t = 0 hold after `steps` chunk steps, summed over the warps."""
+    rows = p.q[:, :, 0::2, :] | (p.q[:, :, 1::2, :] << 4)
+    xbits = p.x.view(numpy.uint16).astype(numpy.uint32)
+    xs = p.x.astype(numpy.float64).reshape(p.x.shape[0], -1, 2)
+    y = numpy.zeros((p.x.shape[0], TILE))
+    g, t = LANE_G, LANE_T
+    for c in range(steps):
+        j, slot = c % PERIOD, c % 2
+        for warp in range(WARPS):
+            half, k0 = warp & 1, (warp >> 1) * TT_K
+            d = numpy.zeros((TT_MT, p.x.shape[0], 16, 8))
+            for kb in range(TT_K // 16):
+                row = k0 // 2 + 8 * kb + 2 * t
+                cols = half * TT_COLS + 16 * g
+                words = [[sum(rows[:, slot, row + e, cols + 4 * w + i].astype(numpy.uint32) << (8 * i)
+                              for i in range(4)) for w in range(4)] for e in range(2)]
+                k = j * CHUNK_K + k0 + 16 * kb + 4 * t
+                xv = [numpy.where(g == 0, xbits[:, k + 2 * e] | (xbits[:, k + 2 * e + 1] << 16), 0) for e in range(2)]
+                b0, b1 = prmt(xv[0], xv[1], 0x5410), prmt(xv[0], xv[1], 0x7632)
+                for i in range(TT_MT):
+                    word = prmt(words[0][i >> 1], words[1][i >> 1], 0x7632 if i & 1 else 0x5410)
+                    d[i] += mma_int4_emulated(word, b0, b1)
+            lo = j * CHUNK_K + k0
+            even, odd = xs[:, lo // 2:(lo + TT_K) // 2, 0].sum(axis=1), xs[:, lo // 2:(lo + TT_K) // 2, 1].sum(axis=1)
+            s_sum, o_sum = even + odd, LO_OFFSET * even + HI_OFFSET * odd
+            group = 2 * j + k0 // GROUP
+            for i in range(TT_MT):
+                for r in range(2):   # D row g (column 2i of the lane's 16) and row g + 8 (column 2i + 1)
+                    col = half * TT_COLS + 16 * numpy.arange(8) + 2 * i + r
+                    scale = bf16_value(p.scale[:, group, col]).astype(numpy.float64)
+                    zero = bf16_value(p.zero[:, group, col]).astype(numpy.float64)
+                    y[:, col] += scale * (d[i][:, 8 * r:8 * r + 8, 0] - (zero * s_sum[:, None] + o_sum[:, None]))
+    return y
 
 
 # ================================ device side ================================
@@ -290,7 +373,7 @@ def report(results: list[Result], grid: int) -> str:
 
 
 def main() -> int:
-    """Check and time both variants; exit status 1 if either check fails."""
+    """Check and time every variant; exit status 1 if any check fails."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--reps", type=int, default=30, help="timing samples per variant (median reported)")
     ap.add_argument("--sets", type=int, default=8, help="distinct random problems spread over the blocks")
