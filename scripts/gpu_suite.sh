@@ -81,7 +81,10 @@ for step in "$@"; do
       k=$(patched traces/examples/kimi-tc-tile/seed-tc-tile.patch seed-tc-tile) || { echo "patch failed"; continue; }
       timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$k" --ctx 2048 --ctx 16384 --rounds 4 \
         2>&1 | tee "$OUT/tctile_compare.log" | tail -25
-      timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/tctile_phases.log" | tail -40 ;;
+      timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/tctile_phases.log" | tail -40
+      git apply traces/examples/kimi-tc-tile/seed-tc-tile.patch &&   # the device's copy of the tree: the patch as the seed
+        { timeout 600 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/tctile_kimi.log" | tail -8
+          git apply -R traces/examples/kimi-tc-tile/seed-tc-tile.patch; } ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --ctx 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
