@@ -30,7 +30,9 @@
 //               The per-period scales, zeros, S and O lie in shared memory beside the ring slots.
 //   tile_probe  mma.sync as tc_probe, on the seed's own image (no new weight layout): a lane loads two packed
 //               rows of 16 columns, one PRMT per m-tile makes the word tc_probe's binding would have written,
-//               the fold runs once per chunk (see tile_chunk).
+//               the fold runs once per chunk (see tile_chunk). Its row loads conflict 4-way in shared memory.
+//   tile_swz_probe  the same on an image whose rows have their 16-byte column chunks XOR-swizzled (a layout
+//               the binding could write instead): conflict-free loads, nothing else changes.
 //
 // Knobs: none (shapes are fixed by the seed's chunk). Build check: nvcc -arch=sm_90a -cubin -Xptxas -v
 // scripts/tc_gemv_probe.cu. Run: python3 scripts/tc_gemv_probe.py (compiles this file with CuPy).
@@ -248,11 +250,17 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
 
 // y (the 16 columns of a lane t = 0) += this warp's slab pair of chunk c, read from the seed image. Lanes
 // g != 0 read their zero B registers from `zero8` (8 zero bytes): no branch around the load.
+// Bank conflicts: a 16-byte load is served 8 lanes at a time, and lanes 8p .. 8p + 7 are g = 2p, 2p + 1 with
+// t = 0..3, i.e. two column chunks at four packed rows 256 B apart: four lanes per bank group, 4 passes.
+// SWIZZLED reads an image whose packed row r holds its 16-byte column chunk c at position c ^ (r & 6):
+// lane (g, t) then finds its chunk at g ^ 2t (r & 6 = 2t for its rows), eight distinct positions per 8 lanes.
+template <bool SWIZZLED>
 __device__ __forceinline__ void tile_chunk(const unsigned char* sm, const float2* slab_sums, const uint2* zero8, int c,
                                            float (&y)[16]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int j = c % PERIOD, half = warp & 1, k0 = (warp >> 1) * TT_K;
-  const unsigned char* wp = sm + SEED_W + (c & 1) * CHUNK_BYTES + (k0 / 2 + 2 * t) * TILE + half * TT_COLS + 16 * g;
+  const int chunk = (half * TT_COLS) / 16 + (SWIZZLED ? g ^ (2 * t) : g);
+  const unsigned char* wp = sm + SEED_W + (c & 1) * CHUNK_BYTES + (k0 / 2 + 2 * t) * TILE + 16 * chunk;
   const __half* xp = reinterpret_cast<const __half*>(sm + SEED_X) + j * CHUNK_K + k0 + 4 * t;
   float d[TT_MT][4];
 #pragma unroll
@@ -344,8 +352,8 @@ tc_probe(const uint4* images, int n_images, int steps, float* out) {
 }
 
 // out[block][warp][column]: each warp's sums of its column half after `steps` chunk steps (lanes t = 0).
-extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
-tile_probe(const uint4* images, int n_images, int steps, float* out) {
+template <bool SWIZZLED>
+__device__ void tile_run(const uint4* images, int n_images, int steps, float* out) {
   extern __shared__ uint4 smem[];
   __shared__ float2 slab_sums[TT_SLAB_SUMS];
   __shared__ uint2 zero8;
@@ -367,7 +375,7 @@ tile_probe(const uint4* images, int n_images, int steps, float* out) {
 #pragma unroll
   for (int i = 0; i < 16; ++i) y[i] = 0.0f;
 #pragma unroll 1
-  for (int c = 0; c < steps; ++c) tile_chunk(sm, slab_sums, &zero8, c, y);
+  for (int c = 0; c < steps; ++c) tile_chunk<SWIZZLED>(sm, slab_sums, &zero8, c, y);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if ((lane & 3) == 0) {
     float4* dst = reinterpret_cast<float4*>(out + ((size_t)blockIdx.x * WARPS + warp) * TILE + (warp & 1) * TT_COLS +
@@ -375,4 +383,14 @@ tile_probe(const uint4* images, int n_images, int steps, float* out) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) dst[i] = make_float4(y[4 * i], y[4 * i + 1], y[4 * i + 2], y[4 * i + 3]);
   }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+tile_probe(const uint4* images, int n_images, int steps, float* out) {
+  tile_run<false>(images, n_images, steps, out);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+tile_swz_probe(const uint4* images, int n_images, int steps, float* out) {
+  tile_run<true>(images, n_images, steps, out);
 }

@@ -1,15 +1,18 @@
 """Compute-only cost of the int4 GEMV inner loop: the seed's fp16-FMA loop against mma.sync tensor cores.
 
-Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds three loops and says how each works: the
-seed's, tensor cores on an MMA-native weight layout (tc_probe: the binding would write it), and tensor
-cores on the seed's own ring layout (tile_probe: no new layout, one PRMT more per MMA). This driver
-builds their shared-memory images from one random W4A16 problem, checks each against an exact
-reference, and times them. tile_probe's lanes are also emulated on the CPU (emulate_tile; the test
-tests/test_tc_gemv_probe.py holds it to the reference). The grid is the seed's (SMs x 2 blocks x 256
-threads). Every block copies its image once, then runs chunk steps on weights that stay in shared
-memory: no DRAM stream, no copies, no barriers. A chunk step is the seed's: 32 KB of packed weights per
-block (256 k x 256 columns), 4 KB per warp, so "µs per chunk step" is what scripts/chunk_probe.py reports
-as "compute, 8 slabs" (1.54 µs for the seed itself).
+Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds four loops and says how each works:
+- the seed's fp16-FMA loop;
+- tensor cores on an MMA-native weight layout (tc_probe: the binding would write it);
+- tensor cores on the seed's own ring layout (tile_probe: no new layout, one PRMT more per MMA; its row
+  loads conflict 4-way in shared memory);
+- the same on rows whose 16-byte column chunks are XOR-swizzled (tile_swz_probe: conflict-free).
+This driver builds their shared-memory images from one random W4A16 problem, checks each against an exact
+reference, and times them. The two tile loops' lanes are also emulated on the CPU (emulate_tile; the test
+tests/test_tc_gemv_probe.py holds them to the reference, and counts their loads' bank groups). The grid
+is the seed's (SMs x 2 blocks x 256 threads). Every block copies its image once, then runs chunk steps on
+weights that stay in shared memory: no DRAM stream, no copies, no barriers. A chunk step is the seed's:
+32 KB of packed weights per block (256 k x 256 columns), 4 KB per warp, so "µs per chunk step" is what
+scripts/chunk_probe.py reports as "compute, 8 slabs" (1.54 µs for the seed itself).
 
 µs per chunk step = (time of a 96-step launch - time of a 32-step launch) / 64, so launch cost and the
 image copy cancel. Each sample is 10 launches of each length; the table shows the median over the
@@ -151,6 +154,19 @@ def seed_image(p: Problem) -> numpy.ndarray:
     return image_bytes((rows, p.scale, p.zero, p.x))
 
 
+def swizzle_rows(rows: numpy.ndarray) -> numpy.ndarray:
+    """Packed rows (..., row, TILE bytes) with row r's 16-byte column chunk c moved to position c ^ (r & 6)."""
+    r = numpy.arange(rows.shape[-2])[:, None]
+    chunks = rows.reshape(rows.shape[:-1] + (TILE // 16, 16))
+    return chunks[..., r, numpy.arange(TILE // 16)[None, :] ^ (r & 6), :].reshape(rows.shape)
+
+
+def seed_image_swizzled(p: Problem) -> numpy.ndarray:
+    """seed_image with every slot's packed rows swizzled (swizzle_rows): the image tile_swz_probe reads."""
+    rows = p.q[:, :, 0::2, :] | (p.q[:, :, 1::2, :] << 4)
+    return image_bytes((swizzle_rows(rows), p.scale, p.zero, p.x))
+
+
 def tc_weight_words(q: numpy.ndarray) -> numpy.ndarray:
     """(sets, slot, k half, m quad, kb, lane, mt) uint32: each lane's A-fragment word of each MMA."""
     h, mq, kb, lane, mt = numpy.ix_(range(2), range(WARPS // 2), range(KB), range(32), range(MT))
@@ -203,6 +219,7 @@ VARIANTS = (
     Variant("seed fp16-FMA loop", "seed_probe", "SEED_BYTES", seed_image),
     Variant("tensor cores (mma.sync)", "tc_probe", "TC_BYTES", tc_image),
     Variant("tensor cores, seed layout", "tile_probe", "SEED_BYTES", seed_image),
+    Variant("tc, seed layout swizzled", "tile_swz_probe", "SEED_BYTES", seed_image_swizzled),
 )
 
 
@@ -249,9 +266,18 @@ def mma_int4_emulated(word: numpy.ndarray, b0: numpy.ndarray, b1: numpy.ndarray)
     return a @ bm
 
 
-def emulate_tile(p: Problem, steps: int) -> numpy.ndarray:
-    """(sets, TILE) what tile_probe's lanes t = 0 hold after `steps` chunk steps, summed over the warps."""
+def lane_chunks(swizzled: bool) -> numpy.ndarray:
+    """(8 g, 4 t): the 16-byte chunk of its column half where a tile loop's lane loads its packed rows (rows
+    2t, 2t + 1 of a k-block; r & 6 = 2t, so the swizzled image holds the lane's columns 16g.. at g ^ 2t)."""
+    return LANE_G ^ (2 * LANE_T) if swizzled else LANE_G + 0 * LANE_T
+
+
+def emulate_tile(p: Problem, steps: int, swizzled: bool = False) -> numpy.ndarray:
+    """(sets, TILE) what tile_probe's (or, `swizzled`, tile_swz_probe's) lanes t = 0 hold after `steps` chunk
+    steps, summed over the warps. Each lane reads its 16 bytes where the kernel does, from the image's rows."""
     rows = p.q[:, :, 0::2, :] | (p.q[:, :, 1::2, :] << 4)
+    if swizzled:
+        rows = swizzle_rows(rows)
     xbits = p.x.view(numpy.uint16).astype(numpy.uint32)
     xs = p.x.astype(numpy.float64).reshape(p.x.shape[0], -1, 2)
     y = numpy.zeros((p.x.shape[0], TILE))
@@ -263,7 +289,7 @@ def emulate_tile(p: Problem, steps: int) -> numpy.ndarray:
             d = numpy.zeros((TT_MT, p.x.shape[0], 16, 8))
             for kb in range(TT_K // 16):
                 row = k0 // 2 + 8 * kb + 2 * t
-                cols = half * TT_COLS + 16 * g
+                cols = half * TT_COLS + 16 * lane_chunks(swizzled)
                 words = [[sum(rows[:, slot, row + e, cols + 4 * w + i].astype(numpy.uint32) << (8 * i)
                               for i in range(4)) for w in range(4)] for e in range(2)]
                 k = j * CHUNK_K + k0 + 16 * kb + 4 * t

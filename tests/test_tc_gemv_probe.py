@@ -23,11 +23,26 @@ def probe():
     del sys.modules[spec.name]
 
 
-def test_emulated_tile_probe_computes_the_reference_gemv(probe):
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_emulated_tile_loops_compute_the_reference_gemv(probe, swizzled):
     p = probe.make_problem(2, seed=3)
-    y = probe.emulate_tile(p, probe.CHECK_STEPS)
+    y = probe.emulate_tile(p, probe.CHECK_STEPS, swizzled)
     want = probe.reference(p) * (probe.CHECK_STEPS // probe.PERIOD)
     assert numpy.abs(y - want).max() <= 1e-9 * numpy.abs(want).max()
+
+
+def test_swizzled_rows_put_each_phase_of_a_tile_load_in_eight_bank_groups(probe):
+    """A 16-byte shared load is served 8 lanes at a time; lanes that hit one 16-byte bank group at different
+    addresses take a pass each. The tile loop's lanes read packed rows 2t of a k-block, 256 B apart."""
+    def groups_per_phase(swizzled):
+        offset = 2 * probe.LANE_T * probe.TILE + 16 * probe.lane_chunks(swizzled)   # (g, t), lane = 4g + t
+        group = (offset // 16 % 8).reshape(-1)                                       # in lane order
+        return [len(set(group[8 * q:8 * q + 8])) for q in range(4)]
+
+    assert groups_per_phase(False) == [2, 2, 2, 2]   # four lanes per group: 4 passes
+    assert groups_per_phase(True) == [8, 8, 8, 8]
+    rows = numpy.arange(8 * probe.TILE, dtype=numpy.uint8).reshape(1, 8, probe.TILE)
+    assert numpy.array_equal(probe.swizzle_rows(probe.swizzle_rows(rows)), rows)   # an involution
 
 
 def test_emulated_tile_probe_notices_a_wrong_column_pairing(probe, monkeypatch):
