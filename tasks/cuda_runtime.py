@@ -134,11 +134,17 @@ class CompiledKernel:
     static_smem: int
     max_threads: int
 
-    def read_u64(self, symbol: str) -> int:
+    def read_u64(self, symbol: str, default: int | None = None) -> int:
+        """The kernel's 64-bit device global `symbol`; `default` if the kernel has none (else an error)."""
         import cupy
         import numpy
 
-        ptr = self.module.get_global(symbol)
+        try:
+            ptr = self.module.get_global(symbol)
+        except cupy.cuda.driver.CUDADriverError:
+            if default is None:
+                raise
+            return default
         return int(cupy.ndarray((1,), dtype=numpy.uint64, memptr=ptr).get()[0])
 
 

@@ -13,7 +13,7 @@ from megakernel_agent.tasks.base import clone_state
 from megakernel_agent.tasks.kimi_linear.baseline import BaselineModel
 from megakernel_agent.tasks.kimi_linear.config import FULL, SMALL
 from megakernel_agent.tasks.kimi_linear.inputs import build_model, init_state, init_token
-from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel
+from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel, tile_major
 from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
@@ -144,6 +144,27 @@ def test_binding_sees_weights_loaded_or_edited_after_its_first_step(small_models
         assert rel(o_m, o_r) < 0.05
     finally:
         mk.load_state_dict(ref.state_dict(), strict=True)
+
+
+def test_binding_lays_w_q_out_swizzled_only_for_a_kernel_that_declares_it(small_models):
+    """The seed and a copy with the declaration toggled: each gets w_q as it declares (only the layout is
+    checked here; the copy reads its rows wrongly)."""
+    ref, mk = small_models
+    seed_swizzled = "MK_SWIZZLED_WEIGHTS" in SEED
+    plain = SEED.replace("MK_SWIZZLED_WEIGHTS", "")
+    knobs = {k: str(v) for k, v in Candidate(source=SEED).resolved_knobs().items()}
+    toggled = MegakernelModel(SMALL).to(DEV)
+    toggled.load_state_dict(ref.state_dict(), strict=True)
+    toggled.attach(build_megakernel(plain if seed_swizzled else "MK_SWIZZLED_WEIGHTS\n" + plain, SMALL,
+                                    extra_defines=knobs))
+    h, st = init_token(SMALL, 5, DEV), init_state(SMALL, 9, 5, DEV)
+    _step_pair(ref, mk, h, clone_state(st))
+    toggled.step(h.clone(), clone_state(st))
+    torch.cuda.synchronize()
+    w_q = mk.blocks[0].attn.q_proj.w_q
+    assert torch.equal(mk._tiled[0], tile_major(w_q, swizzled=seed_swizzled))
+    assert torch.equal(toggled._tiled[0], tile_major(w_q, swizzled=not seed_swizzled))
+    assert torch.equal(toggled._tiled[1], mk._tiled[1])   # scales stay as they are
 
 
 def test_binding_grows_the_cache_past_its_capacity(small_models):

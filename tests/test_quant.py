@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from megakernel_agent.tasks.kimi_linear.megakernel import tile_major
@@ -46,3 +47,20 @@ def test_tile_major_makes_each_column_tile_contiguous_and_pads_with_zeros():
         assert out[e, col // 256, r, col % 256] == t[e, r, col]
     assert torch.equal(out[:, :2].transpose(1, 2).reshape(3, 5, 512), t[..., :512])
     assert not out[:, 2, :, 88:].any() and torch.equal(out[:, 2, :, :88], t[..., 512:])
+
+
+def test_swizzled_tile_major_moves_each_16_byte_chunk_by_its_row():
+    t = torch.randint(0, 256, (2, 9, 600), dtype=torch.int32).to(torch.uint8)
+    plain, out = tile_major(t, 256), tile_major(t, 256, swizzled=True)
+    assert out.shape == plain.shape and out.is_contiguous()
+    for e, r, col in [(0, 0, 0), (1, 2, 17), (0, 3, 255), (1, 6, 300), (0, 7, 599), (1, 8, 143)]:
+        pos = 16 * ((col % 256 // 16) ^ (r & 6)) + col % 16
+        assert out[e, col // 256, r, pos] == t[e, r, col]
+    assert torch.equal(out[:, :, [0, 1, 8]], plain[:, :, [0, 1, 8]])   # rows with r & 6 == 0 stay
+
+    def chunks_by_half(x):   # each 128-byte half's eight 16-byte chunks, in sorted order
+        return x.view(2, 3, 9, 2, 8, 16).sort(dim=-2).values
+
+    assert not torch.equal(out, plain) and torch.equal(chunks_by_half(out), chunks_by_half(plain))
+    with pytest.raises(ValueError, match="1-byte"):
+        tile_major(t.to(torch.bfloat16), 256, swizzled=True)

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import numpy
 import pytest
+import torch
+
+from megakernel_agent.tasks.kimi_linear.megakernel import tile_major
 
 pytest.importorskip("cupy")   # the driver imports CuPy at the top; no GPU is used here
 
@@ -33,7 +36,8 @@ def test_emulated_tile_loops_compute_the_reference_gemv(probe, swizzled):
 
 def test_swizzled_rows_put_each_phase_of_a_tile_load_in_eight_bank_groups(probe):
     """A 16-byte shared load is served 8 lanes at a time; lanes that hit one 16-byte bank group at different
-    addresses take a pass each. The tile loop's lanes read packed rows 2t of a k-block, 256 B apart."""
+    addresses take a pass each. The tile loop's lanes read packed rows 2t of a k-block, 256 B apart. The
+    probe's swizzled image is the binding's swizzled w_q layout."""
     def groups_per_phase(swizzled):
         offset = 2 * probe.LANE_T * probe.TILE + 16 * probe.lane_chunks(swizzled)   # (g, t), lane = 4g + t
         group = (offset // 16 % 8).reshape(-1)                                       # in lane order
@@ -41,8 +45,9 @@ def test_swizzled_rows_put_each_phase_of_a_tile_load_in_eight_bank_groups(probe)
 
     assert groups_per_phase(False) == [2, 2, 2, 2]   # four lanes per group: 4 passes
     assert groups_per_phase(True) == [8, 8, 8, 8]
-    rows = numpy.arange(8 * probe.TILE, dtype=numpy.uint8).reshape(1, 8, probe.TILE)
-    assert numpy.array_equal(probe.swizzle_rows(probe.swizzle_rows(rows)), rows)   # an involution
+    rows = numpy.random.default_rng(6).integers(0, 256, size=(2, 40, probe.TILE), dtype=numpy.uint8)
+    binding = tile_major(torch.from_numpy(rows), probe.TILE, swizzled=True)   # one column tile per matrix
+    assert numpy.array_equal(probe.swizzle_rows(rows), binding.reshape(rows.shape).numpy())   # the same layout
 
 
 def test_emulated_tile_probe_notices_a_wrong_column_pairing(probe, monkeypatch):

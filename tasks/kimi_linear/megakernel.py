@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, stream_getter
-from .abi import ENTRY, NUM_PROJ, WEIGHT_TILE, c_header, params_type
+from .abi import ENTRY, NUM_PROJ, WEIGHT_SWIZZLE_MASK, WEIGHT_SWIZZLE_SYMBOL, WEIGHT_TILE, c_header, params_type
 from .modules import KimiBlocks, rope_inv_freq
 
 RMS_EPS = 1.0e-6
@@ -115,6 +115,7 @@ class MegakernelModel(KimiBlocks):
         self._num_layers = len(cfg.pattern)
         self._kv_stride, self._rope_stride = (cfg.kv_lora, 1), (cfg.qk_rope, 1)
         self._tiled: list[torch.Tensor] = []   # the kernel's tile-major weight copies (owned here)
+        self._swizzled = False                 # the kernel reads w_q's rows swizzled (abi.py)
         self.register_load_state_dict_post_hook(lambda module, _keys: module.weights_changed())
 
     def attach(self, kernel: CompiledKernel) -> MegakernelModel:
@@ -145,6 +146,7 @@ class MegakernelModel(KimiBlocks):
         if size != ctypes.sizeof(ptype):
             raise RuntimeError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
+        self._swizzled = bool(self._kernel.read_u64(WEIGHT_SWIZZLE_SYMBOL, default=0))
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -183,8 +185,9 @@ class MegakernelModel(KimiBlocks):
         self._launcher = CooperativeLauncher(self._kernel, p)
 
     def _set_qw(self, dst, mod) -> None:
-        """Point `dst` at tile-major copies of one quantized weight's w_q, scales and zeros."""
-        tiled = [tile_major(t) for t in (mod.w_q, mod.scales, mod.zeros)]
+        """Point `dst` at tile-major copies of one quantized weight's w_q (swizzled if the kernel reads it so),
+        scales and zeros."""
+        tiled = [tile_major(mod.w_q, swizzled=self._swizzled), tile_major(mod.scales), tile_major(mod.zeros)]
         self._tiled += tiled
         dst.wq, dst.sc, dst.zr = (t.data_ptr() for t in tiled)
 
@@ -347,14 +350,25 @@ class MegakernelModel(KimiBlocks):
         return out.data_ptr()
 
 
-def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE) -> torch.Tensor:
+def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE, swizzled: bool = False) -> torch.Tensor:
     """(..., rows, cols) -> (..., ceil(cols/tile), rows, tile), zero-padded to whole tiles: a column
-    tile's rows become contiguous (the kernel fetches a chunk of them with one bulk copy)."""
+    tile's rows become contiguous (the kernel fetches a chunk of them with one bulk copy). `swizzled`
+    (1-byte elements): row r's 16-byte chunk c moves to position c ^ (r & WEIGHT_SWIZZLE_MASK)."""
     *lead, rows, cols = t.shape
     tiles = -(-cols // tile)
     padded = t.new_zeros(*lead, rows, tiles * tile)
     padded[..., :cols] = t
-    return padded.view(*lead, rows, tiles, tile).transpose(-3, -2).contiguous()
+    out = padded.view(*lead, rows, tiles, tile).transpose(-3, -2).contiguous()
+    if not swizzled:
+        return out
+    if t.element_size() != 1 or tile % 128:
+        raise ValueError(f"swizzled rows need 1-byte elements and whole 128-byte row groups, got "
+                         f"{t.dtype} and tile {tile}")
+    r = torch.arange(rows, device=t.device)[:, None]
+    source = torch.arange(tile // 16, device=t.device)[None, :] ^ (r & WEIGHT_SWIZZLE_MASK)   # position p <- chunk
+    chunks = out.view(*out.shape[:-1], tile // 16, 16)
+    index = source[..., None].expand(rows, tile // 16, 16).expand_as(chunks)
+    return torch.gather(chunks, -2, index).view(out.shape)
 
 
 def build_megakernel(source: str, cfg, extra_defines: dict[str, str] | None = None, arch: str | None = None):

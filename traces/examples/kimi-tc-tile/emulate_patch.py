@@ -1,7 +1,8 @@
 """CPU check of seed-tc-tile.patch's gemv_chunk: a lane-level port of it (PTX fragment layouts, PRMT and the
-magic-number LOP3s as scripts/tc_gemv_probe.py emulates them) over the ring slot as issue_chunk fills it, run over
-every (tile, K slice) unit of a matrix and compared with the exact GEMV of each unit's K slice. The shapes cover
-partial chunks, slab pairs that straddle two quant groups (down and output projections) and a narrow tile.
+magic-number LOP3s as scripts/tc_gemv_probe.py emulates them) over the ring slot as issue_chunk fills it from the
+binding's swizzled w_q (the patch declares MK_SWIZZLED_WEIGHTS), run over every (tile, K slice) unit of a matrix
+and compared with the exact GEMV of each unit's K slice. The shapes cover partial chunks, slab pairs that
+straddle two quant groups (down and output projections) and a narrow tile.
 Usage, from the repository root: python traces/examples/kimi-tc-tile/emulate_patch.py"""
 
 import importlib.util
@@ -45,7 +46,7 @@ def warp_part(wslot, sslot, zslot, n_cols, col0, slab_begin, slab_end, x, warp) 
     d = numpy.zeros((TC_MT, 16, 8))
     for kb in range(2 * nslabs):
         row = (sa - slab_begin) * SLAB + 2 * T + 8 * kb
-        cols = half * TC_COLS + 16 * G
+        cols = half * TC_COLS + 16 * (G ^ (2 * T))   # the lane's columns 16g.. sit at chunk g ^ (r & 6) = g ^ 2t
         w0, w1 = row_words(wslot, row, cols), row_words(wslot, row + 1, cols)
         k = sa * 2 * SLAB + 16 * kb + 4 * T
         active = G == (1 if kb >= 2 and split else 0)
@@ -95,6 +96,7 @@ def check(k_dim: int, n_cols: int, ksplit: int, seed: int) -> float:
         a[:, n_cols:] = 0                          # the binding zero-pads the last tile
     x = rng.standard_normal(k_dim).astype(numpy.float16)
     packed = q[0::2] | (q[1::2] << 4)
+    tiled = probe.swizzle_rows(packed.reshape(k_dim // 2, tiles, TILE).transpose(1, 0, 2))   # the binding's w_q
     w = (q - numpy.repeat(bf16(zero), QGROUP, axis=0)) * numpy.repeat(bf16(scale), QGROUP, axis=0)
     slabs, worst = k_dim // 2 // SLAB, 0.0
     for tile in range(tiles):
@@ -108,7 +110,7 @@ def check(k_dim: int, n_cols: int, ksplit: int, seed: int) -> float:
                 g0 = row0 // GROUP_ROWS
                 ng = (row0 + rows - 1) // GROUP_ROWS - g0 + 1
                 wslot = numpy.zeros((CHUNK_SLABS * SLAB, TILE), numpy.uint8)
-                wslot[:rows] = packed[row0:row0 + rows, span]
+                wslot[:rows] = tiled[tile, row0:row0 + rows]
                 sslot = numpy.zeros((RING_GROUPS, TILE), numpy.uint16)
                 zslot = numpy.zeros((RING_GROUPS, TILE), numpy.uint16)
                 sslot[:ng], zslot[:ng] = scale[g0:g0 + ng, span], zero[g0:g0 + ng, span]
