@@ -110,7 +110,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     cubin_dir.mkdir(parents=True, exist_ok=True)
     path = cubin_dir / f"{key}.cubin"
     path.write_bytes(out.cubin)
-    kernel = load_kernel(str(path), task.spec.entry)
+    kernel = load_kernel(str(path), task.spec.entry, task.spec.declarations)
     c = kernel.contract
     fit = driver().occupancy(kernel.handle, c.threads, c.dynamic_smem) if c.threads <= kernel.max_threads else 0
     facts = ptxas_facts(out.log, task.spec.entry)

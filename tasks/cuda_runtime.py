@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,7 @@ LAUNCH_CONTRACT_MACRO = """
 
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+_CUDA_ERROR_NOT_FOUND = 500   # cuModuleGetGlobal: no such symbol
 CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 
 
@@ -133,6 +134,7 @@ class CompiledKernel:
     local_bytes: int
     static_smem: int
     max_threads: int
+    declared: dict[str, int] = field(default_factory=dict)   # the task's declarations, as read at load
 
     def read_u64(self, symbol: str, default: int | None = None) -> int:
         """The kernel's 64-bit device global `symbol`; `default` if the kernel has none (else an error)."""
@@ -141,31 +143,33 @@ class CompiledKernel:
 
         try:
             ptr = self.module.get_global(symbol)
-        except cupy.cuda.driver.CUDADriverError:
-            if default is None:
+        except cupy.cuda.driver.CUDADriverError as e:
+            if default is None or e.status != _CUDA_ERROR_NOT_FOUND:
                 raise
             return default
         return int(cupy.ndarray((1,), dtype=numpy.uint64, memptr=ptr).get()[0])
 
 
-def compile_kernel(source: str, entry: str, options: tuple[str, ...]) -> CompiledKernel:
-    """Compile with NVRTC in this process (cooperative groups on), load, and read resources and the launch
-    contract. Raises cupy's CompileException (with the compiler log) on a compile error."""
+def compile_kernel(source: str, entry: str, options: tuple[str, ...],
+                   declarations: list[str] | tuple[str, ...] = ()) -> CompiledKernel:
+    """Compile with NVRTC in this process (cooperative groups on), load, and read resources, the launch
+    contract and `declarations`. Raises cupy's CompileException (with the compiler log) on a compile error."""
     import cupy
 
     module = cupy.RawModule(code=source, options=options, enable_cooperative_groups=True)
     module.compile()
-    return _loaded(module, entry)
+    return _loaded(module, entry, declarations)
 
 
-def load_kernel(cubin_path: str, entry: str) -> CompiledKernel:
-    """Load a cubin compiled elsewhere (the sandbox's confined compiler) and read its resources and contract."""
+def load_kernel(cubin_path: str, entry: str, declarations: list[str] | tuple[str, ...] = ()) -> CompiledKernel:
+    """Load a cubin compiled elsewhere (the sandbox's confined compiler) and read its resources, contract and
+    `declarations`."""
     import cupy
 
-    return _loaded(cupy.RawModule(path=cubin_path), entry)
+    return _loaded(cupy.RawModule(path=cubin_path), entry, declarations)
 
 
-def _loaded(module, entry: str) -> CompiledKernel:
+def _loaded(module, entry: str, declarations: list[str] | tuple[str, ...]) -> CompiledKernel:
     function = module.get_function(entry)
     handle = int(function.kernel.ptr)
     kernel = CompiledKernel(
@@ -179,6 +183,7 @@ def _loaded(module, entry: str) -> CompiledKernel:
         max_threads=int(function.max_threads_per_block),
     )
     values = {name: kernel.read_u64(name) for name in LAUNCH_SYMBOLS}
+    kernel.declared = {name: kernel.read_u64(name, default=0) for name in declarations}
     kernel.contract = LaunchContract(
         threads=values["launch_threads"],
         blocks_per_sm=values["launch_blocks_per_sm"],

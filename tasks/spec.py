@@ -45,3 +45,6 @@ class TaskSpec(BaseModel):
     tolerance_note: str
     timing: TimingSpec = TimingSpec()
     bytes_per_step: dict[int, int] = Field(description="bytes a step must move, per context length")
+    declarations: list[str] = Field(default_factory=list, description=(
+        "64-bit device globals by which a kernel may declare a property of itself (absent: 0); read once, "
+        "when the kernel is loaded, before it can run"))

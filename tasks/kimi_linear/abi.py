@@ -12,7 +12,8 @@ tile's rows are then contiguous, so a chunk of them is one bulk copy.
 A kernel may ask for w_q's rows swizzled by writing MK_SWIZZLED_WEIGHTS once: each tile row r then holds
 its 16-byte column chunk c at position c ^ (r & WEIGHT_SWIZZLE_MASK), so MMA fragment loads, whose lanes
 read the same columns of neighbouring rows, hit distinct shared-memory bank groups. The binding reads
-the kernel's `kimi_weight_swizzle` (absent: 0) and lays w_q out to match; scales and zeros never move.
+the kernel's `kimi_weight_swizzle` (absent: 0) once, when it loads the kernel, and lays w_q out to match;
+scales and zeros never move.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ENTRY = "kimi_decode_step"
 WEIGHT_TILE = 256  # output columns per tile of the tile-major weight layout (the kernel's MK_WEIGHT_TILE)
 WEIGHT_SWIZZLE_MASK = 6   # swizzled w_q: row r's 16-byte chunk c sits at c ^ (r & mask) (MK_WEIGHT_SWIZZLE_MASK)
 WEIGHT_SWIZZLE_SYMBOL = "kimi_weight_swizzle"   # the kernel's declaration (MK_SWIZZLED_WEIGHTS): 1 = swizzled
+DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL]          # what a Kimi kernel may declare about itself (read at load)
 
 # (name, C type, count). Pointers are 8 bytes on both sides; ints come last so no padding differs.
 QW_FIELDS = [("wq", "const unsigned char*", 1), ("sc", "const bf16*", 1), ("zr", "const bf16*", 1)]

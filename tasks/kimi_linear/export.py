@@ -18,7 +18,9 @@ FORBIDDEN = ["transformers", "flash_mla", "flashmla", "fla.ops", "flash_linear_a
              "bitsandbytes", "torchao", "marlin", "auto_gptq", "autoawq", "awq", "exllama", "import reference",
              "from reference", "import baseline", "from baseline", "torch.compile", "CUDAGraph", "cuda.graph",
              "make_graphed_callables"]
-LOCAL_IMPORT = re.compile(r"^from \.+[\w.]* import .*$|^from __future__ import annotations$", re.MULTILINE)
+# an intra-project import (one line, or a parenthesised list over several) or the __future__ import
+LOCAL_IMPORT = re.compile(r"^from \.+[\w.]* import (?:\([^)]*\)|.*)$|^from __future__ import annotations$",
+                          re.MULTILINE)
 
 
 def export_solution(source: str, knobs: dict[str, int], label: str) -> str:

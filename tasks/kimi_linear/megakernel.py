@@ -25,7 +25,16 @@ from dataclasses import dataclass
 import torch
 
 from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, stream_getter
-from .abi import ENTRY, NUM_PROJ, WEIGHT_SWIZZLE_MASK, WEIGHT_SWIZZLE_SYMBOL, WEIGHT_TILE, c_header, params_type
+from .abi import (
+    DECLARATIONS,
+    ENTRY,
+    NUM_PROJ,
+    WEIGHT_SWIZZLE_MASK,
+    WEIGHT_SWIZZLE_SYMBOL,
+    WEIGHT_TILE,
+    c_header,
+    params_type,
+)
 from .modules import KimiBlocks, rope_inv_freq
 
 RMS_EPS = 1.0e-6
@@ -146,7 +155,10 @@ class MegakernelModel(KimiBlocks):
         if size != ctypes.sizeof(ptype):
             raise RuntimeError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
-        self._swizzled = bool(self._kernel.read_u64(WEIGHT_SWIZZLE_SYMBOL, default=0))
+        swizzle = self._kernel.declared.get(WEIGHT_SWIZZLE_SYMBOL, 0)
+        if swizzle not in (0, 1):
+            raise RuntimeError(f"the kernel's {WEIGHT_SWIZZLE_SYMBOL} is {swizzle}: 0 or 1 (MK_SWIZZLED_WEIGHTS)")
+        self._swizzled = swizzle == 1
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -378,4 +390,4 @@ def build_megakernel(source: str, cfg, extra_defines: dict[str, str] | None = No
         major, minor = torch.cuda.get_device_capability()
         arch = f"sm_{major}{minor}"
     options = ("-std=c++17", f"-arch={arch}", *(f"-D{k}={v}" for k, v in defines.items()))
-    return compile_kernel(kernel_prelude(cfg) + source, ENTRY, options)
+    return compile_kernel(kernel_prelude(cfg) + source, ENTRY, options, DECLARATIONS)

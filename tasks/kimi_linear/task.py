@@ -13,6 +13,7 @@ from megakernel_agent.traces.results import PhaseTimeline
 from ..base import ModelledStep, ScheduleModelError, State, Task, sharing_weights
 from ..cuda_runtime import CompiledKernel
 from ..spec import TaskSpec, Tolerance
+from .abi import DECLARATIONS
 from .baseline import BaselineModel
 from .bytes_model import bytes_per_step
 from .bytes_model import phase_bytes as bytes_by_phase
@@ -61,6 +62,7 @@ class KimiTask(Task):
             ),
             dims=self.cfg.model_dump(exclude={"pattern"}) | {"pattern": ",".join(self.cfg.pattern)},
             seed_kernel="kernels/kimi_linear/seed.cu",
+            declarations=DECLARATIONS,
             entry="kimi_decode_step",
             context_lengths=ctxs,
             check_context_lengths=CHECK_CONTEXTS[size],
