@@ -1,6 +1,7 @@
 """GPU: the Kimi task — baseline vs reference at full size, the seed megakernel through the full sandbox
 protocol (small and full), the host binding's state handling, and a kernel correct only for some contexts."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -150,8 +151,9 @@ def test_binding_lays_w_q_out_swizzled_only_for_a_kernel_that_declares_it(small_
     """The seed and a copy with the declaration toggled: each gets w_q as it declares (only the layout is
     checked here; the copy reads its rows wrongly)."""
     ref, mk = small_models
-    seed_swizzled = "MK_SWIZZLED_WEIGHTS" in SEED
-    plain = SEED.replace("MK_SWIZZLED_WEIGHTS", "")
+    declaration = re.compile(r"^MK_SWIZZLED_WEIGHTS[ \t]*$", re.MULTILINE)
+    seed_swizzled = declaration.search(SEED) is not None
+    plain = declaration.sub("", SEED)
     knobs = {k: str(v) for k, v in Candidate(source=SEED).resolved_knobs().items()}
     toggled = MegakernelModel(SMALL).to(DEV)
     toggled.load_state_dict(ref.state_dict(), strict=True)
