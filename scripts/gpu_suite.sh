@@ -87,7 +87,10 @@ for step in "$@"; do
           git apply -R traces/examples/kimi-tc-tile/seed-tc-tile.patch; } ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
-      timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
+      timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70
+      r=$(patched traces/examples/kimi-cold-code/seed-rolled-tile-copy.patch seed-rolled) || { echo "patch failed"; continue; }
+      timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$r" --ctx 2048 --ctx 16384 --rounds 6 \
+        2>&1 | tee "$OUT/rolled_compare.log" | tail -20 ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
