@@ -223,11 +223,11 @@ VARIANTS = (
 )
 
 
-# ================================ tile_probe emulated on the CPU ================================
-# What tile_probe's lanes compute, register by register, so its index arithmetic can be checked against
-# the reference without a GPU (tests/test_tc_gemv_probe.py). The PTX m16n8k16 fragment layouts: lane
-# (g, t) holds A rows g and g + 8 at k-slots 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3), B column g at
-# the same k-slots (b0, b1), and D rows g, g + 8 at columns 2t, 2t + 1.
+# ================================ the tile loops emulated on the CPU ================================
+# What tile_probe's and tile_swz_probe's lanes compute, register by register, so their index arithmetic can be
+# checked against the reference without a GPU (tests/test_tc_gemv_probe.py). The PTX m16n8k16 fragment
+# layouts: lane (g, t) holds A rows g and g + 8 at k-slots 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3),
+# B column g at the same k-slots (b0, b1), and D rows g, g + 8 at columns 2t, 2t + 1.
 
 TT_COLS, TT_MT, TT_K = TILE // 2, TILE // 32, 64    # tile_probe: columns, m-tiles, k per warp per chunk
 LANE_G, LANE_T = numpy.ix_(range(8), range(4))
@@ -269,7 +269,7 @@ def mma_int4_emulated(word: numpy.ndarray, b0: numpy.ndarray, b1: numpy.ndarray)
 def lane_chunks(swizzled: bool) -> numpy.ndarray:
     """(8 g, 4 t): the 16-byte chunk of its column half where a tile loop's lane loads its packed rows (rows
     2t, 2t + 1 of a k-block; r & 6 = 2t, so the swizzled image holds the lane's columns 16g.. at g ^ 2t)."""
-    return LANE_G ^ (2 * LANE_T) if swizzled else LANE_G + 0 * LANE_T
+    return LANE_G ^ (2 * LANE_T) if swizzled else numpy.broadcast_to(LANE_G, (8, 4))
 
 
 def emulate_tile(p: Problem, steps: int, swizzled: bool = False) -> numpy.ndarray:
