@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -91,6 +91,12 @@ for step in "$@"; do
       r=$(patched traces/examples/kimi-cold-code/seed-rolled-tile-copy.patch seed-rolled) || { echo "patch failed"; continue; }
       timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$r" --ctx 2048 --ctx 16384 --rounds 6 \
         2>&1 | tee "$OUT/rolled_compare.log" | tail -20 ;;
+    routerpf)  # the router's rows prefetched into L2 at the barrier before the router phase
+      k=$(patched traces/examples/kimi-router-prefetch/seed-router-prefetch.patch seed-router-prefetch) ||
+        { echo "patch failed"; continue; }
+      timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$k" --ctx 2048 --ctx 16384 --rounds 6 \
+        2>&1 | tee "$OUT/routerpf_compare.log" | tail -20
+      timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/routerpf_phases.log" | tail -30 ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
