@@ -94,6 +94,7 @@ class Worker:
         return result, retire
 
     def _evaluate(self, req) -> tuple[dict, bool]:
+        from megakernel_agent.tasks.cuda_runtime import KernelContractError
         from megakernel_agent.traces.results import EvalResult, Failure, FailureClass
 
         from .build import build_for_device, build_key
@@ -134,11 +135,9 @@ class Worker:
                 hidden, state = self.task.make_inputs(spec.fixed_seeds[0], spec.check_context_lengths[0], self.device)
                 model.step(hidden, state)  # first launch: packs arguments, checks co-residency
                 self.torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001
-                if "co-reside" in str(e) or "threads per block" in str(e) or "ABI size" in str(e):
-                    res.failure = Failure(cls=FailureClass.build, phase="launch", message=str(e))
-                    return res.model_dump(), False
-                raise
+            except KernelContractError as e:   # its launch shape, ABI or layout declaration cannot be honoured
+                res.failure = Failure(cls=FailureClass.build, phase="launch", message=str(e))
+                return res.model_dump(), False
             checker = Checker(self.task, self.reference, model, self.device)
             if req.check:
                 res.check = checker.run(req.fresh_seeds)

@@ -55,6 +55,11 @@ class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the error."""
 
 
+class KernelContractError(RuntimeError):
+    """What a kernel declares about itself (launch shape, parameter ABI, weight layout) cannot be honoured: the
+    kernel's own failure, found when it is first set up to run."""
+
+
 class _Driver:
     def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
@@ -203,10 +208,11 @@ class CooperativeLauncher:
         drv = driver()
         c = kernel.contract
         if c.threads <= 0 or c.threads > kernel.max_threads:
-            raise CudaError(f"kernel declares {c.threads} threads per block; it supports at most {kernel.max_threads}")
+            raise KernelContractError(
+                f"kernel declares {c.threads} threads per block; it supports at most {kernel.max_threads}")
         fits = drv.occupancy(kernel.handle, c.threads, c.dynamic_smem)
         if c.blocks_per_sm < 1 or c.blocks_per_sm > fits:
-            raise CudaError(
+            raise KernelContractError(
                 f"grid cannot co-reside: kernel asks for {c.blocks_per_sm} blocks/SM of {c.threads} threads "
                 f"({kernel.registers} regs, {kernel.static_smem + c.dynamic_smem} B smem) but only {fits} fit"
             )

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cuda_runtime import LAUNCH_CONTRACT_MACRO, CompiledKernel, CooperativeLauncher, compile_kernel, stream_getter
+from ..cuda_runtime import (
+    LAUNCH_CONTRACT_MACRO,
+    CompiledKernel,
+    CooperativeLauncher,
+    KernelContractError,
+    compile_kernel,
+    stream_getter,
+)
 from .abi import (
     DECLARATIONS,
     ENTRY,
@@ -153,11 +160,12 @@ class MegakernelModel(KimiBlocks):
         size = self._kernel.read_u64("kimi_abi_size")
         ptype = params_type(len(self.cfg.pattern))
         if size != ctypes.sizeof(ptype):
-            raise RuntimeError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
+            raise KernelContractError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
         swizzle = self._kernel.declared.get(WEIGHT_SWIZZLE_SYMBOL, 0)
         if swizzle not in (0, 1):
-            raise RuntimeError(f"the kernel's {WEIGHT_SWIZZLE_SYMBOL} is {swizzle}: 0 or 1 (MK_SWIZZLED_WEIGHTS)")
+            raise KernelContractError(
+                f"the kernel's {WEIGHT_SWIZZLE_SYMBOL} is {swizzle}: 0 or 1 (MK_SWIZZLED_WEIGHTS)")
         self._swizzled = swizzle == 1
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
