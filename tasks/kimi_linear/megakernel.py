@@ -131,7 +131,6 @@ class MegakernelModel(KimiBlocks):
         self._num_layers = len(cfg.pattern)
         self._kv_stride, self._rope_stride = (cfg.kv_lora, 1), (cfg.qk_rope, 1)
         self._tiled: list[torch.Tensor] = []   # the kernel's tile-major weight copies (owned here)
-        self._swizzled = False                 # the kernel reads w_q's rows swizzled (abi.py)
         self.register_load_state_dict_post_hook(lambda module, _keys: module.weights_changed())
 
     def attach(self, kernel: CompiledKernel) -> MegakernelModel:
@@ -166,7 +165,7 @@ class MegakernelModel(KimiBlocks):
         if swizzle not in (0, 1):
             raise KernelContractError(
                 f"the kernel's {WEIGHT_SWIZZLE_SYMBOL} is {swizzle}: 0 or 1 (MK_SWIZZLED_WEIGHTS)")
-        self._swizzled = swizzle == 1
+        swizzled = swizzle == 1
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -177,15 +176,15 @@ class MegakernelModel(KimiBlocks):
                 else [blk.attn.q_proj, blk.attn.kv_a, blk.attn.kv_b, blk.attn.o_proj]
             )
             for j, lin in enumerate(projs[:NUM_PROJ]):
-                self._set_qw(lp.proj[j], lin)
+                self._set_qw(lp.proj[j], lin, swizzled)
             if blk.kind == "K":
                 lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
                 lp.conv_w = blk.attn.conv_w.data_ptr()
             lp.router_w = blk.moe.router.weight.data_ptr()
             for j, ex in enumerate((blk.moe.gate, blk.moe.up, blk.moe.down)):
-                self._set_qw(lp.expert[j], ex)
+                self._set_qw(lp.expert[j], ex, swizzled)
             for j, ex in enumerate((blk.moe.s_gate, blk.moe.s_up, blk.moe.s_down)):
-                self._set_qw(lp.shared[j], ex)
+                self._set_qw(lp.shared[j], ex, swizzled)
         c = self._kernel.contract
         self._scratch = torch.full((c.scratch_bytes,), 0xFF, dtype=torch.uint8, device=device)  # NaN floats
         self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=device)
@@ -204,10 +203,10 @@ class MegakernelModel(KimiBlocks):
         self._stream = stream_getter(device)
         self._launcher = CooperativeLauncher(self._kernel, p)
 
-    def _set_qw(self, dst, mod) -> None:
-        """Point `dst` at tile-major copies of one quantized weight's w_q (swizzled if the kernel reads it so),
-        scales and zeros."""
-        tiled = [tile_major(mod.w_q, swizzled=self._swizzled), tile_major(mod.scales), tile_major(mod.zeros)]
+    def _set_qw(self, dst, mod, swizzled: bool) -> None:
+        """Point `dst` at tile-major copies of one quantized weight's w_q (`swizzled`: as a kernel that declares
+        MK_SWIZZLED_WEIGHTS reads it), scales and zeros."""
+        tiled = [tile_major(mod.w_q, swizzled=swizzled), tile_major(mod.scales), tile_major(mod.zeros)]
         self._tiled += tiled
         dst.wq, dst.sc, dst.zr = (t.data_ptr() for t in tiled)
 
