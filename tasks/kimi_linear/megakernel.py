@@ -373,6 +373,9 @@ def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE, swizzled: bool = False)
     """(..., rows, cols) -> (..., ceil(cols/tile), rows, tile), zero-padded to whole tiles: a column
     tile's rows become contiguous (the kernel fetches a chunk of them with one bulk copy). `swizzled`
     (1-byte elements): row r's 16-byte chunk c moves to position c ^ (r & WEIGHT_SWIZZLE_MASK)."""
+    if swizzled and (t.element_size() != 1 or tile % 128):
+        raise ValueError(f"swizzled rows need 1-byte elements and whole 128-byte row groups, got "
+                         f"{t.dtype} and tile {tile}")
     *lead, rows, cols = t.shape
     tiles = -(-cols // tile)
     padded = t.new_zeros(*lead, rows, tiles * tile)
@@ -380,14 +383,10 @@ def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE, swizzled: bool = False)
     out = padded.view(*lead, rows, tiles, tile).transpose(-3, -2).contiguous()
     if not swizzled:
         return out
-    if t.element_size() != 1 or tile % 128:
-        raise ValueError(f"swizzled rows need 1-byte elements and whole 128-byte row groups, got "
-                         f"{t.dtype} and tile {tile}")
     r = torch.arange(rows, device=t.device)[:, None]
     source = torch.arange(tile // 16, device=t.device)[None, :] ^ (r & WEIGHT_SWIZZLE_MASK)   # position p <- chunk
     chunks = out.view(*out.shape[:-1], tile // 16, 16)
-    index = source[..., None].expand(rows, tile // 16, 16).expand_as(chunks)
-    return torch.gather(chunks, -2, index).view(out.shape)
+    return torch.gather(chunks, -2, source[..., None].expand_as(chunks)).view(out.shape)
 
 
 def build_megakernel(source: str, cfg, extra_defines: dict[str, str] | None = None, arch: str | None = None):
