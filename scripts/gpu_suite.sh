@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -17,10 +17,10 @@ print_eval(EvalResult.model_validate_json(open(sys.argv[1]).read()), Console(wid
 PY
 }
 
-patched() {  # patched PATCH NAME: a copy of the seed with PATCH applied, as NAME.cu in a new temp folder; prints its path
+patched() {  # patched PATCH NAME [-R]: a copy of the seed with PATCH applied (or reverted), as NAME.cu in a new temp folder; prints its path
   local t; t=$(mktemp -d)
   mkdir -p "$t/kernels/kimi_linear" && cp kernels/kimi_linear/seed.cu "$t/kernels/kimi_linear/" &&
-    (cd "$t" && git apply "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
+    (cd "$t" && git apply ${3:-} "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
 }
 
 for step in "$@"; do
@@ -87,10 +87,12 @@ for step in "$@"; do
           git apply -R traces/examples/kimi-tc-tile/seed-tc-tile.patch; } ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
-      timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70
-      r=$(patched traces/examples/kimi-cold-code/seed-rolled-tile-copy.patch seed-rolled) || { echo "patch failed"; continue; }
-      timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$r" --ctx 2048 --ctx 16384 --rounds 6 \
-        2>&1 | tee "$OUT/rolled_compare.log" | tail -20 ;;
+      timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
+    rolled)  # where the landed rolled cache-tile copy gained: phase timelines of the seed before it and of the seed
+      u=$(patched traces/examples/kimi-cold-code/seed-rolled-tile-copy.patch seed-unrolled -R) || { echo "patch failed"; continue; }
+      for k in "$u" kernels/kimi_linear/seed.cu; do
+        timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --ctx 16384 --phases 2>&1 | tee -a "$OUT/rolled_phases.log" | tail -60
+      done ;;
     routerpf)  # the router's rows prefetched into L2 at the barrier before the router phase
       k=$(patched traces/examples/kimi-router-prefetch/seed-router-prefetch.patch seed-router-prefetch) ||
         { echo "patch failed"; continue; }
