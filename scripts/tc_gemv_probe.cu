@@ -33,6 +33,9 @@
 //               the fold runs once per chunk (see tile_chunk). Its row loads conflict 4-way in shared memory.
 //   tile_swz_probe  the same on an image whose rows have their 16-byte column chunks XOR-swizzled (a layout
 //               the binding could write instead): conflict-free loads, nothing else changes.
+//   tile_defer_probe  tile_swz_probe with tc_probe's deferred fold: chunk j of a period multiplies x in B
+//               column j, so the accumulators keep the period's chunks apart, and the fold runs once per
+//               period on all lanes (lane t folds columns 2t, 2t + 1) instead of once per chunk on lanes t = 0.
 //
 // Knobs: none (shapes are fixed by the seed's chunk). Build check: nvcc -arch=sm_90a -cubin -Xptxas -v
 // scripts/tc_gemv_probe.cu. Run: python3 scripts/tc_gemv_probe.py (compiles this file with CuPy).
@@ -248,49 +251,63 @@ __device__ __forceinline__ unsigned prmt(unsigned a, unsigned b, unsigned sel) {
   return d;
 }
 
-// y (the 16 columns of a lane t = 0) += this warp's slab pair of chunk c, read from the seed image. Lanes
-// g != 0 read their zero B registers from `zero8` (8 zero bytes): no branch around the load.
+// d += this warp's slab pair of chunk c, read from the seed image, with x in B column `col` (lanes g = col
+// load it; the others read their zero B registers from `zero8`, 8 zero bytes: no branch around the load).
 // Bank conflicts: a 16-byte load is served 8 lanes at a time, and lanes 8p .. 8p + 7 are g = 2p, 2p + 1 with
 // t = 0..3, i.e. two column chunks at four packed rows 256 B apart: four lanes per bank group, 4 passes.
 // SWIZZLED reads an image whose packed row r holds its 16-byte column chunk c at position c ^ (r & 6):
 // lane (g, t) then finds its chunk at g ^ 2t (r & 6 = 2t for its rows), eight distinct positions per 8 lanes.
 template <bool SWIZZLED>
-__device__ __forceinline__ void tile_chunk(const unsigned char* sm, const float2* slab_sums, const uint2* zero8, int c,
-                                           float (&y)[16]) {
+__device__ __forceinline__ void tile_chunk(const unsigned char* sm, const uint2* zero8, int c, int col,
+                                           float (&d)[TT_MT][4]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int j = c % PERIOD, half = warp & 1, k0 = (warp >> 1) * TT_K;
   const int chunk = (half * TT_COLS) / 16 + (SWIZZLED ? g ^ (2 * t) : g);
   const unsigned char* wp = sm + SEED_W + (c & 1) * CHUNK_BYTES + (k0 / 2 + 2 * t) * TILE + 16 * chunk;
   const __half* xp = reinterpret_cast<const __half*>(sm + SEED_X) + j * CHUNK_K + k0 + 4 * t;
-  float d[TT_MT][4];
-#pragma unroll
-  for (int i = 0; i < TT_MT; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
 #pragma unroll
   for (int kb = 0; kb < TT_KB; ++kb) {
     const uint4 r0 = *reinterpret_cast<const uint4*>(wp + 8 * kb * TILE);
     const uint4 r1 = *reinterpret_cast<const uint4*>(wp + (8 * kb + 1) * TILE);
-    const uint2 xv = *(g == 0 ? reinterpret_cast<const uint2*>(xp + 16 * kb) : zero8);
+    const uint2 xv = *(g == col ? reinterpret_cast<const uint2*>(xp + 16 * kb) : zero8);
     const unsigned b0 = prmt(xv.x, xv.y, 0x5410u), b1 = prmt(xv.x, xv.y, 0x7632u);   // {x0, x2}, {x1, x3}
     const unsigned w0[4] = {r0.x, r0.y, r0.z, r0.w}, w1[4] = {r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
     for (int i = 0; i < TT_MT; ++i) mma_int4(d[i], prmt(w0[i >> 1], w1[i >> 1], i & 1 ? 0x7632u : 0x5410u), b0, b1);
   }
-  if (t == 0) {
-    const int slab = (j * CHUNK_K + k0) / (2 * SLAB);
-    const float even = slab_sums[slab].x + slab_sums[slab + 1].x, odd = slab_sums[slab].y + slab_sums[slab + 1].y;
-    const float S = even + odd, O = LO_BIAS * even + HI_BIAS * odd;
-    const int group = 2 * j + k0 / GROUP;
-    const uint4* sp = reinterpret_cast<const uint4*>(sm + SEED_S + (group * TILE + half * TT_COLS + 16 * g) * 2);
-    const uint4* zp = reinterpret_cast<const uint4*>(sm + SEED_Z + (group * TILE + half * TT_COLS + 16 * g) * 2);
-    const uint4 s0 = sp[0], s1 = sp[1], z0 = zp[0], z1 = zp[1];
-    const unsigned sw[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-    const unsigned zw[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+}
+
+// y (a lane's 16 columns 16g ..) += the scaled sums in d of B columns n < COLS, column n holding the warp's
+// slab pair of the period's chunk j0 + n; d is cleared. Lane t folds columns 2t and 2t + 1: D row g of m-tile
+// i is column 2i of the lane's 16, row g + 8 is column 2i + 1. COLS = 1 is the once-per-chunk fold on lanes
+// t = 0; COLS = PERIOD folds a whole period once, spread over all lanes.
+template <int COLS>
+__device__ __forceinline__ void tile_fold(const unsigned char* sm, const float2* slab_sums, int j0, float (&d)[TT_MT][4],
+                                          float (&y)[16]) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int half = warp & 1, k0 = (warp >> 1) * TT_K;
 #pragma unroll
-    for (int i = 0; i < TT_MT; ++i) {   // word i of the scales holds columns 2i (low) and 2i + 1 (high)
-      y[2 * i] = fmaf(bf16_lo(sw[i]), d[i][0] - fmaf(bf16_lo(zw[i]), S, O), y[2 * i]);
-      y[2 * i + 1] = fmaf(bf16_hi(sw[i]), d[i][2] - fmaf(bf16_hi(zw[i]), S, O), y[2 * i + 1]);
+  for (int e = 0; e < 2; ++e) {
+    const int n = 2 * t + e;
+    if (n < COLS) {
+      const int j = j0 + n, slab = (j * CHUNK_K + k0) / (2 * SLAB), group = 2 * j + k0 / GROUP;
+      const float even = slab_sums[slab].x + slab_sums[slab + 1].x, odd = slab_sums[slab].y + slab_sums[slab + 1].y;
+      const float S = even + odd, O = LO_BIAS * even + HI_BIAS * odd;
+      const int first = group * TILE + half * TT_COLS + 16 * g;
+      const uint4* sp = reinterpret_cast<const uint4*>(sm + SEED_S + first * 2);
+      const uint4* zp = reinterpret_cast<const uint4*>(sm + SEED_Z + first * 2);
+      const uint4 s0 = sp[0], s1 = sp[1], z0 = zp[0], z1 = zp[1];
+      const unsigned sw[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+      const unsigned zw[8] = {z0.x, z0.y, z0.z, z0.w, z1.x, z1.y, z1.z, z1.w};
+#pragma unroll
+      for (int i = 0; i < TT_MT; ++i) {   // word i of the scales holds columns 2i (low) and 2i + 1 (high)
+        y[2 * i] = fmaf(bf16_lo(sw[i]), d[i][e] - fmaf(bf16_lo(zw[i]), S, O), y[2 * i]);
+        y[2 * i + 1] = fmaf(bf16_hi(sw[i]), d[i][2 + e] - fmaf(bf16_hi(zw[i]), S, O), y[2 * i + 1]);
+      }
     }
   }
+#pragma unroll
+  for (int i = 0; i < TT_MT; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
 }
 
 // ================================ kernels ================================
@@ -351,8 +368,9 @@ tc_probe(const uint4* images, int n_images, int steps, float* out) {
   }
 }
 
-// out[block][warp][column]: each warp's sums of its column half after `steps` chunk steps (lanes t = 0).
-template <bool SWIZZLED>
+// out[block][warp][column]: each warp's sums of its column half after `steps` chunk steps (steps % PERIOD == 0).
+// DEFER puts chunk j of a period in B column j and folds once per period; otherwise column 0, fold per chunk.
+template <bool SWIZZLED, bool DEFER>
 __device__ void tile_run(const uint4* images, int n_images, int steps, float* out) {
   extern __shared__ uint4 smem[];
   __shared__ float2 slab_sums[TT_SLAB_SUMS];
@@ -371,12 +389,28 @@ __device__ void tile_run(const uint4* images, int n_images, int steps, float* ou
     slab_sums[threadIdx.x] = e;
   }
   __syncthreads();
-  float y[16];
+  float d[TT_MT][4], y[16];
+#pragma unroll
+  for (int i = 0; i < TT_MT; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) y[i] = 0.0f;
 #pragma unroll 1
-  for (int c = 0; c < steps; ++c) tile_chunk<SWIZZLED>(sm, slab_sums, &zero8, c, y);
+  for (int c = 0; c < steps; ++c) {
+    const int j = c % PERIOD;
+    if (DEFER) {
+      tile_chunk<SWIZZLED>(sm, &zero8, c, j, d);
+      if (j == PERIOD - 1) tile_fold<PERIOD>(sm, slab_sums, 0, d, y);
+    } else {
+      tile_chunk<SWIZZLED>(sm, &zero8, c, 0, d);
+      tile_fold<1>(sm, slab_sums, j, d, y);
+    }
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {   // the four lanes t of a row g hold its columns' sums over different chunks
+    y[i] += __shfl_xor_sync(0xffffffffu, y[i], 1);
+    y[i] += __shfl_xor_sync(0xffffffffu, y[i], 2);
+  }
   if ((lane & 3) == 0) {
     float4* dst = reinterpret_cast<float4*>(out + ((size_t)blockIdx.x * WARPS + warp) * TILE + (warp & 1) * TT_COLS +
                                             16 * (lane >> 2));
@@ -387,10 +421,15 @@ __device__ void tile_run(const uint4* images, int n_images, int steps, float* ou
 
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 tile_probe(const uint4* images, int n_images, int steps, float* out) {
-  tile_run<false>(images, n_images, steps, out);
+  tile_run<false, false>(images, n_images, steps, out);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
 tile_swz_probe(const uint4* images, int n_images, int steps, float* out) {
-  tile_run<true>(images, n_images, steps, out);
+  tile_run<true, false>(images, n_images, steps, out);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM)
+tile_defer_probe(const uint4* images, int n_images, int steps, float* out) {
+  tile_run<true, true>(images, n_images, steps, out);
 }

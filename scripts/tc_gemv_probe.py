@@ -1,13 +1,14 @@
 """Compute-only cost of the int4 GEMV inner loop: the seed's fp16-FMA loop against mma.sync tensor cores.
 
-Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds four loops and says how each works:
+Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds five loops and says how each works:
 - the seed's fp16-FMA loop;
 - tensor cores on an MMA-native weight layout (tc_probe: the binding would write it);
 - tensor cores on the seed's own ring layout (tile_probe: no new layout, one PRMT more per MMA; its row
   loads conflict 4-way in shared memory);
-- the same on rows whose 16-byte column chunks are XOR-swizzled (tile_swz_probe: conflict-free).
+- the same on rows whose 16-byte column chunks are XOR-swizzled (tile_swz_probe: conflict-free);
+- that loop with tc_probe's fold once per 8-chunk period instead of once per chunk (tile_defer_probe).
 This driver builds their shared-memory images from one random W4A16 problem, checks each against an exact
-reference, and times them. The two tile loops' lanes are also emulated on the CPU (emulate_tile; the test
+reference, and times them. The tile loops' lanes are also emulated on the CPU (emulate_tile; the test
 tests/test_tc_gemv_probe.py holds them to the reference, and counts their loads' bank groups). The grid
 is the seed's (SMs x 2 blocks x 256 threads). Every block copies its image once, then runs chunk steps on
 weights that stay in shared memory: no DRAM stream, no copies, no barriers. A chunk step is the seed's:
@@ -220,6 +221,7 @@ VARIANTS = (
     Variant("tensor cores (mma.sync)", "tc_probe", "TC_BYTES", tc_image),
     Variant("tensor cores, seed layout", "tile_probe", "SEED_BYTES", seed_image),
     Variant("tc, seed layout swizzled", "tile_swz_probe", "SEED_BYTES", seed_image_swizzled),
+    Variant("tc, swizzled, period fold", "tile_defer_probe", "SEED_BYTES", seed_image_swizzled),
 )
 
 
@@ -272,9 +274,11 @@ def lane_chunks(swizzled: bool) -> numpy.ndarray:
     return LANE_G ^ (2 * LANE_T) if swizzled else numpy.broadcast_to(LANE_G, (8, 4))
 
 
-def emulate_tile(p: Problem, steps: int, swizzled: bool = False) -> numpy.ndarray:
-    """(sets, TILE) what tile_probe's (or, `swizzled`, tile_swz_probe's) lanes t = 0 hold after `steps` chunk
-    steps, summed over the warps. Each lane reads its 16 bytes where the kernel does, from the image's rows."""
+def emulate_tile(p: Problem, steps: int, swizzled: bool = False, deferred: bool = False) -> numpy.ndarray:
+    """(sets, TILE) what tile_probe's (`swizzled`: tile_swz_probe's; `deferred` too: tile_defer_probe's) lanes
+    hold after `steps` chunk steps, summed over lanes t and warps. Each lane reads its 16 bytes where the
+    kernel does, from the image's rows; x goes in B column 0 (folded every chunk) or, deferred, in column j
+    of the period's chunk j (folded once per period)."""
     rows = p.q[:, :, 0::2, :] | (p.q[:, :, 1::2, :] << 4)
     if swizzled:
         rows = swizzle_rows(rows)
@@ -282,32 +286,44 @@ def emulate_tile(p: Problem, steps: int, swizzled: bool = False) -> numpy.ndarra
     xs = p.x.astype(numpy.float64).reshape(p.x.shape[0], -1, 2)
     y = numpy.zeros((p.x.shape[0], TILE))
     g, t = LANE_G, LANE_T
+    d = numpy.zeros((WARPS, TT_MT, p.x.shape[0], 16, 8))
+
+    def fold(warp: int, j0: int, cols: int) -> None:
+        half, k0 = warp & 1, (warp >> 1) * TT_K
+        for n in range(cols):
+            lo = (j0 + n) * CHUNK_K + k0
+            even, odd = xs[:, lo // 2:(lo + TT_K) // 2, 0].sum(axis=1), xs[:, lo // 2:(lo + TT_K) // 2, 1].sum(axis=1)
+            s_sum, o_sum = even + odd, LO_OFFSET * even + HI_OFFSET * odd
+            group = 2 * (j0 + n) + k0 // GROUP
+            for i in range(TT_MT):
+                for r in range(2):   # D row g (column 2i of the lane's 16) and row g + 8 (column 2i + 1)
+                    col = half * TT_COLS + 16 * numpy.arange(8) + 2 * i + r
+                    scale = bf16_value(p.scale[:, group, col]).astype(numpy.float64)
+                    zero = bf16_value(p.zero[:, group, col]).astype(numpy.float64)
+                    y[:, col] += scale * (d[warp, i][:, 8 * r:8 * r + 8, n] - (zero * s_sum[:, None] + o_sum[:, None]))
+        d[warp] = 0.0
+
     for c in range(steps):
         j, slot = c % PERIOD, c % 2
+        b_col = j if deferred else 0
         for warp in range(WARPS):
             half, k0 = warp & 1, (warp >> 1) * TT_K
-            d = numpy.zeros((TT_MT, p.x.shape[0], 16, 8))
             for kb in range(TT_K // 16):
                 row = k0 // 2 + 8 * kb + 2 * t
                 cols = half * TT_COLS + 16 * lane_chunks(swizzled)
                 words = [[sum(rows[:, slot, row + e, cols + 4 * w + i].astype(numpy.uint32) << (8 * i)
                               for i in range(4)) for w in range(4)] for e in range(2)]
                 k = j * CHUNK_K + k0 + 16 * kb + 4 * t
-                xv = [numpy.where(g == 0, xbits[:, k + 2 * e] | (xbits[:, k + 2 * e + 1] << 16), 0) for e in range(2)]
+                xv = [numpy.where(g == b_col, xbits[:, k + 2 * e] | (xbits[:, k + 2 * e + 1] << 16), 0)
+                      for e in range(2)]
                 b0, b1 = prmt(xv[0], xv[1], 0x5410), prmt(xv[0], xv[1], 0x7632)
                 for i in range(TT_MT):
                     word = prmt(words[0][i >> 1], words[1][i >> 1], 0x7632 if i & 1 else 0x5410)
-                    d[i] += mma_int4_emulated(word, b0, b1)
-            lo = j * CHUNK_K + k0
-            even, odd = xs[:, lo // 2:(lo + TT_K) // 2, 0].sum(axis=1), xs[:, lo // 2:(lo + TT_K) // 2, 1].sum(axis=1)
-            s_sum, o_sum = even + odd, LO_OFFSET * even + HI_OFFSET * odd
-            group = 2 * j + k0 // GROUP
-            for i in range(TT_MT):
-                for r in range(2):   # D row g (column 2i of the lane's 16) and row g + 8 (column 2i + 1)
-                    col = half * TT_COLS + 16 * numpy.arange(8) + 2 * i + r
-                    scale = bf16_value(p.scale[:, group, col]).astype(numpy.float64)
-                    zero = bf16_value(p.zero[:, group, col]).astype(numpy.float64)
-                    y[:, col] += scale * (d[i][:, 8 * r:8 * r + 8, 0] - (zero * s_sum[:, None] + o_sum[:, None]))
+                    d[warp, i] += mma_int4_emulated(word, b0, b1)
+            if not deferred:
+                fold(warp, j, 1)
+            elif j == PERIOD - 1:
+                fold(warp, 0, PERIOD)
     return y
 
 

@@ -26,10 +26,10 @@ def probe():
     del sys.modules[spec.name]
 
 
-@pytest.mark.parametrize("swizzled", [False, True])
-def test_emulated_tile_loops_compute_the_reference_gemv(probe, swizzled):
+@pytest.mark.parametrize(("swizzled", "deferred"), [(False, False), (True, False), (True, True)])
+def test_emulated_tile_loops_compute_the_reference_gemv(probe, swizzled, deferred):
     p = probe.make_problem(2, seed=3)
-    y = probe.emulate_tile(p, probe.CHECK_STEPS, swizzled)
+    y = probe.emulate_tile(p, probe.CHECK_STEPS, swizzled, deferred)
     want = probe.reference(p) * (probe.CHECK_STEPS // probe.PERIOD)
     assert numpy.abs(y - want).max() <= 1e-9 * numpy.abs(want).max()
 
