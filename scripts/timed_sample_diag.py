@@ -2,13 +2,15 @@
 kernel's step with the reference routed by every set that swaps the top-k's last places at one layer
 (however wide the margin), printing each layer's router logits around the boundary.
 
-Usage: python scripts/timed_sample_diag.py SEED CTX STEP [KERNEL.cu]   (weights seed 0, as the worker uses)
+Usage: python scripts/timed_sample_diag.py SEED CTX STEP [KERNEL.cu] [--knob NAME=VALUE ...]
+(weights seed 0, as the worker uses; knobs as the refused candidate had them, the rest at their defaults)
 A match with a swap whose margin lies outside the checker's tie band means the band is too narrow for this
 kernel's rounding; no match anywhere means the kernel is wrong at this input.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
 from megakernel_agent.sandbox.checks import compare  # noqa: E402
 from megakernel_agent.tasks.base import clone_state  # noqa: E402
 from megakernel_agent.tasks.kimi_linear import reference as ref_mod  # noqa: E402
+from megakernel_agent.tasks.kimi_linear import task as task_mod  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
@@ -42,11 +45,25 @@ def router_inputs(ref, hidden, state) -> list[torch.Tensor]:
 
 
 def main() -> None:
-    seed, ctx, step = (int(a) for a in sys.argv[1:4])
-    path = Path(sys.argv[4]) if len(sys.argv) > 4 else ROOT / "kernels/kimi_linear/seed.cu"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("seed", type=int)
+    ap.add_argument("ctx", type=int)
+    ap.add_argument("step", type=int)
+    ap.add_argument("kernel", nargs="?", type=Path, default=ROOT / "kernels/kimi_linear/seed.cu")
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a knob value (repeatable)")
+    ap.add_argument("--search", type=int, default=0, metavar="RUNS",
+                    help="also run the checker's own near-tie search with RUNS reference runs and every valid set "
+                         "of a layer (not the first few), and print the nearest branch")
+    args = ap.parse_args()
+    seed, ctx, step = args.seed, args.ctx, args.step
     task = KimiTask("full")
-    source = path.read_text()
-    knobs = Candidate(source=source).resolved_knobs()
+    source = args.kernel.read_text()
+    try:
+        chosen = {name: int(value) for name, value in (k.split("=", 1) for k in args.knob)}
+    except ValueError:
+        ap.error(f"--knob takes NAME=INTEGER, got {args.knob}")
+    knobs = Candidate(source=source, knobs=chosen).resolved_knobs()
+    print(f"knobs {knobs}")
     ref = task.build_reference(DEV, 0)
     model = task.build_candidate(ref, build_megakernel(source, task.cfg, {k: str(v) for k, v in knobs.items()}))
     tokens, state = timing._chain(task, seed, ctx, step + 1, DEV)
@@ -72,6 +89,30 @@ def main() -> None:
             print(f"  {label:16s} " + "  ".join(f"{c.name} {c.rel_l2:.4f}" for c in checks))
     finally:
         ref_mod.routing_sets = valid
+    if args.search:
+        search_wider(task, ref, tokens[step], before, got, ctx + step, args.search)
+
+
+def search_wider(task, ref, hidden, before, got, ctx: int, runs: int) -> None:
+    """The checker's best-first search over valid expert sets (the same tie band), with its caps raised: did
+    the caps hide the set this kernel chose? Prints the nearest branch and its worst tensor/bound ratio."""
+    names = ("out", "L3.c_kv_row", "L3.k_rope_row", "L2.S", "L1.S", "L0.S")
+
+    def distance(out, st) -> float:
+        want = task.observables(out, st, ctx)
+        return max(c.rel_l2 / c.rel_l2_max for c in (compare(n, got[n], want[n], task) for n in names if n in got))
+
+    caps = task_mod.MAX_TIE_VARIANTS, ref_mod.MAX_SETS_PER_LAYER
+    task_mod.MAX_TIE_VARIANTS, ref_mod.MAX_SETS_PER_LAYER = runs, runs
+    try:
+        o, s = ref.step(hidden.clone(), clone_state(before))
+        print(f"search: plain reference {distance(o, s):.2f} of the bound; valid sets per layer "
+              f"{list(ref.routing_sets)} (capped at {runs})")
+        variants = task.reference_variants(ref, hidden, before, distance)
+        scored = sorted((distance(o, s), label) for label, o, s in variants)
+        print(f"search: {len(variants)} runs; nearest: " + "; ".join(f"{d:.2f} {label}" for d, label in scored[:3]))
+    finally:
+        task_mod.MAX_TIE_VARIANTS, ref_mod.MAX_SETS_PER_LAYER = caps
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Stand-in for upstream's `reference.py` when running upstream's own `check.py` on an export.
 
-Upstream's reference.py is not in the public store this project reads, so `gpu_suite.sh upstream`
-copies this file to `upstream/reference.py` (unless a real one is there). It exposes this project's
+Earlier snapshots of the public store lacked upstream's reference.py (the current one,
+Infatoshi/kernelbench.com, has it), so `gpu_suite.sh upstream` copies this file to `upstream/reference.py`
+only when no real one is there. It exposes this project's
 fp32 reference under upstream's names: `build_config`, `Model(cfg)` (random int4 weights, seed 1234),
 `init_token` and `init_state`. check.py, shapes.py and problem.yaml stay upstream's.
 """
