@@ -345,7 +345,9 @@ def load_module() -> tuple[cupy.RawModule, dict[str, int]]:
 
 
 def run(kern: cupy.RawKernel, grid: int, smem: int, images: cupy.ndarray, steps: int, out: cupy.ndarray) -> None:
-    """One launch of a probe kernel over the grid."""
+    """One launch of a probe kernel over the grid; whole periods only (the deferred fold runs at a period's end)."""
+    if steps % PERIOD:
+        raise ValueError(f"{steps} chunk steps: the probes run whole periods of {PERIOD}")
     kern((grid,), (THREADS,), (images, numpy.int32(images.shape[0]), numpy.int32(steps), out), shared_mem=smem)
 
 

@@ -1180,8 +1180,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // latent row, then its roped key), by cp.async in 16-byte pieces spread over the block: one commit
 // group per tile, no registers held. Rows at or past t1 are zero-filled, so P is 0 there and nothing
 // undefined enters the MMAs. The loop stays rolled: unrolled (9 copies, two call sites) it put 1,407 of the
-// attention's 1,917 instructions before its first MMA and made ptxas spill the kernel body; rolled it is
-// 1.03-1.04x faster per token (BENCHMARKS.md, 2026-12-05).
+// attention's 1,917 instructions before its first MMA and made ptxas spill the kernel body; rolled the step
+// is 1.025-1.042x faster on an H100 (BENCHMARKS.md, 2026-12-05).
 __device__ void load_key_tile(const Ctx& cx, bf16* keys, int tt, int t1) {
   constexpr int LAT = KV_LORA / 8, PIECES = LAT + QK_ROPE / 8, PER = (ATT_TT * PIECES + THREADS - 1) / THREADS;
 #pragma unroll 1
