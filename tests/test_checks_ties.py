@@ -123,6 +123,7 @@ class ScriptedReference:
 
 
 def test_every_valid_set_and_a_near_tie_that_appears_only_in_a_branch_are_tried():
+    """Every layer's second set before any layer's third (each layer's likeliest alternatives first)."""
     reference = ScriptedReference({
         (): [1, 3, 1, 2],                    # near ties at layers 1 (three valid sets) and 3 in the plain run
         ((1, 1),): [1, 3, 2, 1],              # set 2 at layer 1 makes layer 2 tie and settles layer 3
@@ -132,7 +133,7 @@ def test_every_valid_set_and_a_near_tie_that_appears_only_in_a_branch_are_tried(
     })
     variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [])
     names = [name.split(" (margins")[0] for name, _, _ in variants]
-    assert names == ["routing: layer 1 set 2 of 3", "routing: layer 1 set 3 of 3", "routing: layer 3 set 2 of 2",
+    assert names == ["routing: layer 1 set 2 of 3", "routing: layer 3 set 2 of 2", "routing: layer 1 set 3 of 3",
                      "routing: layer 1 set 2 of …, layer 2 set 2 of 2",
                      "routing: layer 1 set 2 of …, layer 2 set 2 of …, layer 3 set 2 of 2"]
     assert ((1, 1), (3, 1)) not in reference.runs     # layer 3 is settled once layer 1 takes set 2
@@ -150,15 +151,15 @@ class KeyedReference(ScriptedReference):
 def test_the_branch_nearest_the_candidate_is_extended_first_and_a_match_ends_the_search():
     # seed 227359290 ctx 8201 on the H200: ties at layers 0, 2 and 3 left more valid sets than the run limit;
     # breadth first spent it on layer-0 sets the kernel was far from, and the honest seed was refused
-    sets = {(): [3, 1, 8, 2], ((0, 1),): [3, 1, 8, 2], ((0, 2),): [3, 1, 8, 2], ((2, 1),): [3, 1, 8, 3]}
+    sets = {(): [3, 1, 8, 2], ((0, 1),): [3, 1, 8, 2], ((0, 2),): [3, 1, 8, 2], ((2, 3),): [3, 1, 8, 3]}
     reference = KeyedReference(sets)
-    match = ((2, 1), (3, 2))
+    match = ((2, 3), (3, 2))
 
     def distance(out, _state) -> float:
-        return 0.5 if out == match else 1.01 if out == ((2, 1),) else 6.0
+        return 0.5 if out == match else 1.01 if out == ((2, 3),) else 6.0
 
     variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [], distance)
-    assert variants[-1][1] == match and len(variants) == 12
+    assert variants[-1][1] == match and len(variants) == 12   # the plain run's 10 alternatives, then 2 deeper
     assert reference.routing_sets == [3, 1, 8, 2]
 
     breadth_first = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [])

@@ -275,3 +275,26 @@ def test_a_gap_of_ten_ulps_below_one_is_a_tie_when_it_is_small_against_the_logit
     assert 0.0390625 < 0.07 * logits.std() and (0.765625 - 0.7265625) / ref.bf16_ulp(0.765625, 0.765625) == 10.0
     assert len(ref.routing_sets(logits, k)) == 2
     assert len(ref.routing_sets(logits, k, spread=0.0)) == 1   # 8 ulps alone: one set, the false alarm
+
+
+def test_near_tie_sets_come_in_order_of_the_logit_they_give_up_whichever_tied_expert_they_drop():
+    """The timed sample refused on an H100 (seed 1531211386, ctx 16386, layer 2): three experts tied at the
+    k-th logit 1.203125 and the next 1 ulp below. Each of the three may be the one a kernel's rounding drops;
+    in lexicographic order only dropping the last was within the eight sets offered."""
+    k, n = 8, 64
+    head = [3.0, 2.8, 2.6, 2.4, 2.2]                          # far above the band: in every set
+    near = [1.203125] * 3 + [1.1953125, 1.171875, 1.15625]    # the tie, then 1, 4 and 6 ulps below it
+    tail = torch.linspace(0.9, -3.0, n - len(head) - len(near)).tolist()
+    position = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    logits = torch.empty(n)
+    logits[position] = torch.tensor(head + near + tail)
+    expert = position.tolist()                                # expert[i] holds the i-th largest logit
+    sets = ref.routing_sets(logits, k)
+    tied, below = sorted(expert[5:8]), expert[8]
+    assert sets[0] == expert[:5] + tied                      # plain top-k, equal logits to the lower index
+    swaps = [set(expert[:5]) | (set(tied) - {t}) | {below} for t in tied]
+    assert all(swap in [set(s) for s in sets[1:4]] for swap in swaps)
+    given_up = [sum(logits[sets[0]].tolist()) - sum(logits[s].tolist()) for s in sets]
+    assert given_up == sorted(given_up) and len(sets) == ref.MAX_SETS_PER_LAYER
+    assert all(len(set(s)) == k and set(expert[:5]) <= set(s) for s in sets)
+    assert all(len(set(s) - set(sets[0])) <= ref.MAX_SWAPS for s in sets)

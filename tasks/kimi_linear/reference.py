@@ -20,6 +20,7 @@ EPS = 1.0e-6
 TIE_ULPS = 8.0          # a top-k boundary this narrow (bf16 ulps of the k-th logit) may resolve either way,
 TIE_SPREAD = 0.07       # and so may one narrower than this share of the logits' standard deviation (see routing_sets)
 MAX_SETS_PER_LAYER = 8  # valid expert sets considered at one near-tie layer (the plain one included)
+MAX_SWAPS = 2           # ... each differing from the plain top-k in at most this many experts
 BF16 = torch.bfloat16
 
 
@@ -113,7 +114,11 @@ def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS, spread: f
     state tolerances (~1% off in bf16) moves every logit by about 1% of that deviation, whatever the binade.
     On the H200 the seed swapped the k-th expert at a 10-ulp gap of 0.039 (0.046 std) at a k-th logit of 0.77,
     where 8 ulps are only 0.037 std; at logits in [1, 2) 8 ulps are ~0.07 std and never raised a false alarm.
-    The first set is the plain top-k (equal logits to the lower index); at most MAX_SETS_PER_LAYER are given."""
+    The first set is the plain top-k (equal logits to the lower index); then, up to MAX_SETS_PER_LAYER in all,
+    the sets that differ from it in at most MAX_SWAPS experts, by how much logit they give up (the sum of
+    those swapped out minus those swapped in): the swaps a kernel's rounding is likeliest to make come first,
+    whichever of several equal logits it drops. (Lexicographic order, used before, never offered dropping the
+    first of three experts tied at the k-th place within its 8 sets.)"""
     values = logits.float().tolist()
     order = sorted(range(len(values)), key=lambda e: (-values[e], e))
     if k >= len(values):
@@ -124,8 +129,16 @@ def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS, spread: f
     tol = max(ulps * bf16_ulp(kth, kth), spread * float(logits.detach().float().std()))
     certain = [e for e in order if values[e] > kth + tol]
     uncertain = [e for e in order if abs(values[e] - kth) <= tol]
-    combos = itertools.islice(itertools.combinations(uncertain, k - len(certain)), MAX_SETS_PER_LAYER)
-    return [certain + list(c) for c in combos]
+    places = k - len(certain)
+    chosen, others = uncertain[:places], uncertain[places:places + MAX_SETS_PER_LAYER]   # deeper never ranks in
+    ranked = []
+    for swaps in range(min(MAX_SWAPS, len(chosen), len(others)) + 1):
+        for out in itertools.combinations(chosen, swaps):
+            for into in itertools.combinations(others, swaps):
+                given_up = sum(values[e] for e in out) - sum(values[e] for e in into)
+                ranked.append((given_up, swaps, [e for e in chosen if e not in out] + list(into)))
+    ranked.sort(key=lambda r: (r[0], r[1]))   # stable: equal losses keep the enumeration order
+    return [certain + tail for _, _, tail in ranked[:MAX_SETS_PER_LAYER]]
 
 
 def route(moe: MoE, cfg, x: torch.Tensor, choice: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:

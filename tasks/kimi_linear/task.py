@@ -36,8 +36,9 @@ TOLERANCE_NOTE = (
     "and none after it, on inputs whose margin at that layer was 0-5 ulps (at an exact tie at layer 3, "
     "seed 1876674187 ctx 3001, neither the plain set nor the k/k+1 swap matched: a third expert lay "
     "within reach). So the checker also runs the reference with each other valid set at such a layer "
-    "(reference.routing_sets, up to 8 per layer, 24 runs in all, the branch nearest the candidate extended "
-    "first) and accepts a match with any branch at the same tight bounds, at as many such layers as there are. "
+    "(reference.routing_sets: up to 8 per layer, those giving up the least logit first; 24 runs in all, each "
+    "layer's likeliest sets first and the branch nearest the candidate extended first) and accepts a match "
+    "with any branch at the same tight bounds, at as many such layers as there are. "
     "The cosine gate (0.98, upstream's) applies to every tensor."
 )
 
@@ -147,7 +148,10 @@ class KimiTask(Task):
         try:
             while frontier and len(variants) < MAX_TIE_VARIANTS:
                 _, _, choices, run_sets, last = heapq.heappop(frontier)
-                open_sets = [(i, j) for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)]
+                # each layer's likeliest alternatives first (routing_sets ranks them), so that a run limit
+                # spent on one layer's unlikely sets cannot crowd out another layer's likely ones
+                open_sets = sorted(((i, j) for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)),
+                                   key=lambda ij: (ij[1], ij[0]))
                 for layer, j in open_sets[: MAX_TIE_VARIANTS - len(variants)]:
                     branch = {**choices, layer: j}
                     out, st = reference.step(hidden.clone(), Task.clone_state(state), choices=branch)
