@@ -51,8 +51,8 @@ def main() -> None:
     ap.add_argument("kernel", nargs="?", type=Path, default=ROOT / "kernels/kimi_linear/seed.cu")
     ap.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE", help="a knob value (repeatable)")
     ap.add_argument("--search", type=int, default=0, metavar="RUNS",
-                    help="also run the checker's own near-tie search with RUNS reference runs and every valid set "
-                         "of a layer (not the first few), and print the nearest branch")
+                    help="also run the checker's own near-tie search with up to RUNS reference runs and RUNS sets "
+                         "per layer (each still within reference.MAX_SWAPS swaps), and print the nearest branches")
     args = ap.parse_args()
     seed, ctx, step = args.seed, args.ctx, args.step
     task = KimiTask("full")

@@ -152,15 +152,30 @@ def test_the_branch_nearest_the_candidate_is_extended_first_and_a_match_ends_the
     # seed 227359290 ctx 8201 on the H200: ties at layers 0, 2 and 3 left more valid sets than the run limit;
     # breadth first spent it on layer-0 sets the kernel was far from, and the honest seed was refused
     sets = {(): [3, 1, 8, 2], ((0, 1),): [3, 1, 8, 2], ((0, 2),): [3, 1, 8, 2], ((2, 3),): [3, 1, 8, 3]}
-    reference = KeyedReference(sets)
     match = ((2, 3), (3, 2))
 
     def distance(out, _state) -> float:
         return 0.5 if out == match else 1.01 if out == ((2, 3),) else 6.0
 
+    reference = KeyedReference(sets)
     variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [], distance)
-    assert variants[-1][1] == match and len(variants) == 12   # the plain run's 10 alternatives, then 2 deeper
+    # the plain run's alternatives up to layer 2's fourth set, which is nearer than the plain run: then its own
+    assert [out for _, out, _ in variants] == [((0, 1),), ((2, 1),), ((3, 1),), ((0, 2),), ((2, 2),), ((2, 3),),
+                                               ((2, 3), (3, 1)), match]
     assert reference.routing_sets == [3, 1, 8, 2]
 
     breadth_first = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [])
-    assert match not in [out for _, out, _ in breadth_first]
+    assert match not in [out for _, out, _ in breadth_first[: len(variants)]]
+
+
+def test_a_branch_nearer_than_the_plain_run_is_extended_before_the_plain_run_s_alternatives_run_out():
+    """Near ties at all four layers: the plain run has 28 alternatives, more than the run limit. The candidate
+    routed layers 2 and 3 differently; one layer's set alone brings it nearer, and the search follows that."""
+    sets = {(): [8, 8, 8, 8], ((2, 1),): [8, 8, 8, 8]}
+    match = ((2, 1), (3, 1))
+
+    def distance(out, _state) -> float:
+        return 0.5 if out == match else 1.6 if out == ((2, 1),) else 2.7
+
+    variants = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [], distance)
+    assert [out for _, out, _ in variants] == [((0, 1),), ((1, 1),), ((2, 1),), match]

@@ -1,6 +1,7 @@
 """The fp32 oracle and the PyTorch baseline on the small config, against independent re-derivations."""
 
 import importlib.util
+import itertools
 import math
 from pathlib import Path
 
@@ -298,3 +299,36 @@ def test_near_tie_sets_come_in_order_of_the_logit_they_give_up_whichever_tied_ex
     assert given_up == sorted(given_up) and len(sets) == ref.MAX_SETS_PER_LAYER
     assert all(len(set(s)) == k and set(expert[:5]) <= set(s) for s in sets)
     assert all(len(set(s) - set(sets[0])) <= ref.MAX_SWAPS for s in sets)
+
+
+def test_near_tie_sets_are_the_least_costly_of_every_valid_set_within_two_swaps_however_wide_the_band():
+    """Distinct logits and a band as wide as the logits' std (32 experts, far more than the 8 below the plain set
+    that are examined): the sets offered are exactly the cheapest of all valid ones by the logit they give up,
+    among those within two swaps (the 17 highest of the band suffice to find them). The last two places and the
+    next two are close pairs, so swapping both ranks in."""
+    k, n = 8, 64
+    band_values = [1.40, 1.35, 1.2010, 1.2005, 1.2000, 1.1995] + torch.linspace(1.10, 1.00, 11).tolist()
+    values = torch.cat([torch.tensor([6.0, 5.5, 5.0, 4.5] + band_values), torch.linspace(0.5, -4.0, n - 21)])
+    position = torch.randperm(n, generator=torch.Generator().manual_seed(2))
+    logits = torch.empty(n)
+    logits[position] = values
+    expert = position.tolist()
+    sets = ref.routing_sets(logits, k, spread=1.0)
+    plain, band = expert[:k], expert[4:21]
+    given = {e: float(logits[e]) for e in range(n)}
+    every = []
+    for out in (c for s in range(3) for c in itertools.combinations(plain[4:], s)):
+        for into in itertools.combinations([e for e in band if e not in plain], len(out)):
+            every.append((sum(given[e] for e in out) - sum(given[e] for e in into), set(plain) - set(out) | set(into)))
+    every.sort(key=lambda c: c[0])
+    assert [set(s) for s in sets] == [c[1] for c in every[: ref.MAX_SETS_PER_LAYER]]
+    assert any(len(set(s) - set(plain)) == 2 for s in sets)
+
+
+def test_non_finite_logits_give_one_set_of_k_experts():
+    k = 8
+    for bad in (math.nan, math.inf, -math.inf):
+        logits = torch.linspace(2.0, -2.0, 64)
+        logits[3] = bad
+        sets = ref.routing_sets(logits, k)
+        assert len(sets) == 1 and len(set(sets[0])) == k

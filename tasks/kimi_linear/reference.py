@@ -123,9 +123,9 @@ def routing_sets(logits: torch.Tensor, k: int, ulps: float = TIE_ULPS, spread: f
     order = sorted(range(len(values)), key=lambda e: (-values[e], e))
     if k >= len(values):
         return [order]
-    kth = values[order[k - 1]]
-    if not math.isfinite(kth):
+    if not all(map(math.isfinite, values)):
         return [order[:k]]   # garbage in (a candidate's non-finite state): no tie to resolve
+    kth = values[order[k - 1]]
     tol = max(ulps * bf16_ulp(kth, kth), spread * float(logits.detach().float().std()))
     certain = [e for e in order if values[e] > kth + tol]
     uncertain = [e for e in order if abs(values[e] - kth) <= tol]

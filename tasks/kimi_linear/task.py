@@ -137,35 +137,42 @@ class KimiTask(Task):
         own run: another set at one layer moves every later layer's logits (a tie that is exact in one branch
         may be 13 ulps wide in another). Any number of layers deep, MAX_TIE_VARIANTS runs in all.
 
-        With `distance`, the branch nearest the candidate is extended first and the search stops at a match
-        (inputs with near ties at three layers have more valid sets than the run limit, and branching
-        breadth first spent it on sets the candidate was far from); without, breadth first."""
+        Branches are run one at a time, best first: nearest the candidate's run first (with `distance`), then
+        shallowest, then each layer's likeliest sets before any layer's less likely ones (routing_sets ranks
+        them). So a branch nearer the candidate than the plain run is extended before the plain run's other
+        alternatives, and the search stops at a match: with near ties at four layers, the plain run alone
+        has more alternatives than the run limit. Without `distance`, breadth first."""
         margins, sets = list(reference.routing_margins), list(reference.routing_sets)
         variants = []
         order = itertools.count()
-        # (how far the candidate is from the run, tie-break, layer -> chosen set, the run's set counts, last layer)
-        frontier = [(0.0, next(order), {}, sets, -1)]
+
+        def alternatives(far, depth, choices, run_sets, last):
+            """A run's untried branches, each choosing another set at one more layer past `last`, with their
+            heap keys (the run's distance, depth, the set's rank, layer, insertion order)."""
+            return [((far, depth, j, i, next(order)), {**choices, i: j}, run_sets, i)
+                    for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)]
+
         try:
+            start = 0.0
+            if distance is not None:   # the plain run's own distance: a nearer branch goes ahead of its siblings
+                start = distance(*reference.step(hidden.clone(), Task.clone_state(state)))
+            frontier = alternatives(start, 1, {}, sets, -1)
+            heapq.heapify(frontier)
             while frontier and len(variants) < MAX_TIE_VARIANTS:
-                _, _, choices, run_sets, last = heapq.heappop(frontier)
-                # each layer's likeliest alternatives first (routing_sets ranks them), so that a run limit
-                # spent on one layer's unlikely sets cannot crowd out another layer's likely ones
-                open_sets = sorted(((i, j) for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)),
-                                   key=lambda ij: (ij[1], ij[0]))
-                for layer, j in open_sets[: MAX_TIE_VARIANTS - len(variants)]:
-                    branch = {**choices, layer: j}
-                    out, st = reference.step(hidden.clone(), Task.clone_state(state), choices=branch)
-                    here = [round(m, 1) for m in reference.routing_margins]
-                    branch_sets = list(reference.routing_sets)
-                    # tolerance classes refer to the plain run: restored before the candidate is judged
-                    reference.routing_margins, reference.routing_sets = margins, sets
-                    label = ", ".join(f"layer {k} set {v + 1} of {run_sets[k] if k == layer else '…'}"
-                                      for k, v in sorted(branch.items()))
-                    variants.append((f"routing: {label} (margins {here})", out, st))
-                    far = 0.0 if distance is None else distance(out, st)
-                    if distance is not None and far <= 1.0:
-                        return variants
-                    heapq.heappush(frontier, (far, next(order), branch, branch_sets, layer))
+                (_, depth, *_), branch, run_sets, layer = heapq.heappop(frontier)
+                out, st = reference.step(hidden.clone(), Task.clone_state(state), choices=branch)
+                here = [round(m, 1) for m in reference.routing_margins]
+                branch_sets = list(reference.routing_sets)
+                # tolerance classes refer to the plain run: restored before the candidate is judged
+                reference.routing_margins, reference.routing_sets = margins, sets
+                label = ", ".join(f"layer {k} set {v + 1} of {run_sets[k] if k == layer else '…'}"
+                                  for k, v in sorted(branch.items()))
+                variants.append((f"routing: {label} (margins {here})", out, st))
+                far = 0.0 if distance is None else distance(out, st)
+                if distance is not None and far <= 1.0:
+                    return variants
+                for item in alternatives(far, depth + 1, branch, branch_sets, layer):
+                    heapq.heappush(frontier, item)
             return variants
         finally:
             reference.routing_margins, reference.routing_sets = margins, sets   # classes refer to the plain run
