@@ -126,14 +126,19 @@ class Checker:
 
             branches = [("", against(r_out, r_state))]
             if not all(t.passed for t in branches[0][1]):
-                judged = {}   # id(variant output) -> its tensors, as the task's search measured them
+                judged = {}   # id(variant output) -> (that output, its tensors), as the task's search measured them
 
                 def distance(out, st) -> float:
-                    judged[id(out)] = against(out, st)
-                    return _distance(judged[id(out)])
+                    judged[id(out)] = (out, against(out, st))
+                    return _distance(judged[id(out)][1])
 
-                variants = self.task.reference_variants(self.ref, hidden, before, distance)
-                branches += [(label, judged.get(id(out)) or against(out, st)) for label, out, st in variants]
+                def measured(out, st) -> list[TensorCheck]:
+                    seen = judged.get(id(out))
+                    return seen[1] if seen is not None and seen[0] is out else against(out, st)
+
+                variants = self.task.reference_variants(self.ref, hidden, before, distance,
+                                                        start=_distance(branches[0][1]))
+                branches += [(label, measured(out, st)) for label, out, st in variants]
         except ValueError as e:
             return CheckCase(kind=kind, seed=seed, ctx=ctx, step=step, passed=False, message=str(e))
         label, tensors = min(branches, key=lambda b: _distance(b[1]))

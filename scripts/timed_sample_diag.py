@@ -106,9 +106,10 @@ def search_wider(task, ref, hidden, before, got, ctx: int, step: int, runs: int)
     task_mod.MAX_TIE_VARIANTS, ref_mod.MAX_SETS_PER_LAYER = runs, runs
     try:
         o, s = ref.step(hidden.clone(), clone_state(before))
-        print(f"search: plain reference {distance(o, s):.2f} of the bound; valid sets per layer "
+        plain = distance(o, s)
+        print(f"search: plain reference {plain:.2f} of the bound; valid sets per layer "
               f"{list(ref.routing_sets)} (capped at {runs})")
-        variants = task.reference_variants(ref, hidden, before, distance)
+        variants = task.reference_variants(ref, hidden, before, distance, start=plain)
         scored = sorted((distance(o, s), label) for label, o, s in variants)
         print(f"search: {len(variants)} runs; nearest: " + "; ".join(f"{d:.2f} {label}" for d, label in scored[:3]))
     finally:

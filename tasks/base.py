@@ -105,14 +105,15 @@ class Task(ABC):
         """Key into spec.tolerances for an observable; `reference` (after its step) may refine it."""
 
     def reference_variants(self, reference: torch.nn.Module, hidden: torch.Tensor, state: State,
-                           distance: Callable[[torch.Tensor, State], float] | None = None
+                           distance: Callable[[torch.Tensor, State], float] | None = None, start: float = 0.0
                            ) -> list[tuple[str, torch.Tensor, State]]:
         """Other equally valid reference results for these inputs (e.g. at a routing near-tie).
 
         Called right after the reference's own step on the same inputs; the candidate passes if it
         matches the reference or any variant. `distance(out, state)`, when given, says how far the
-        candidate is from a variant (at most 1.0: it matches): a task may search its variants nearest
-        first and stop at a match. Default: the reference is unique.
+        candidate is from a variant (at most 1.0: it matches), and `start` how far it is from the plain
+        reference: a task may search its variants nearest first and stop at a match. Default: the
+        reference is unique.
         """
         return []
 

@@ -158,14 +158,15 @@ def test_the_branch_nearest_the_candidate_is_extended_first_and_a_match_ends_the
         return 0.5 if out == match else 1.01 if out == ((2, 3),) else 6.0
 
     reference = KeyedReference(sets)
-    variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [], distance)
-    # the plain run's alternatives up to layer 2's fourth set, which is nearer than the plain run: then its own
+    variants = KimiTask("small").reference_variants(reference, torch.zeros(1), [], distance, start=6.0)
+    # in turn nearest first and breadth first: layer 2's fourth set, nearer than the plain run, is extended
+    # as soon as it has run, while the plain run's alternatives go on in the other turns
     assert [out for _, out, _ in variants] == [((0, 1),), ((2, 1),), ((3, 1),), ((0, 2),), ((2, 2),), ((2, 3),),
-                                               ((2, 3), (3, 1)), match]
+                                               ((2, 3), (3, 1)), ((2, 4),), match]
     assert reference.routing_sets == [3, 1, 8, 2]
 
     breadth_first = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [])
-    assert match not in [out for _, out, _ in breadth_first[: len(variants)]]
+    assert [out for _, out, _ in breadth_first].index(match) > len(variants)
 
 
 def test_a_branch_nearer_than_the_plain_run_is_extended_before_the_plain_run_s_alternatives_run_out():
@@ -177,5 +178,19 @@ def test_a_branch_nearer_than_the_plain_run_is_extended_before_the_plain_run_s_a
     def distance(out, _state) -> float:
         return 0.5 if out == match else 1.6 if out == ((2, 1),) else 2.7
 
-    variants = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [], distance)
-    assert [out for _, out, _ in variants] == [((0, 1),), ((1, 1),), ((2, 1),), match]
+    variants = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [], distance, start=2.7)
+    assert [out for _, out, _ in variants] == [((0, 1),), ((1, 1),), ((2, 1),), ((3, 1),), match]
+
+
+def test_a_branch_nearer_by_noise_alone_does_not_take_every_run():
+    """A review's case: layer 0's second set is nearer than the plain run by noise (2.69 against 2.7) and the
+    candidate took layer 3's third set. Following layer 0 alone would spend all 24 runs under it; every
+    other run goes to the plain run's alternatives breadth first, and they reach the match."""
+    sets = {(): [8, 8, 8, 8], ((0, 1),): [8, 8, 8, 8]}
+    match = ((3, 2),)
+
+    def distance(out, _state) -> float:
+        return 0.5 if out == match else 2.69 if out == ((0, 1),) else 2.7
+
+    variants = KimiTask("small").reference_variants(KeyedReference(sets), torch.zeros(1), [], distance, start=2.7)
+    assert variants[-1][1] == match and len(variants) == 14

@@ -131,35 +131,40 @@ class KimiTask(Task):
             return "conv_first"
         return "later"
 
-    def reference_variants(self, reference, hidden, state, distance=None):
+    def reference_variants(self, reference, hidden, state, distance=None, start=0.0):
         """The other valid answers at routing near-ties: at each layer whose top-k boundary is a near tie,
         every other valid expert set (reference.routing_sets). A branch looks for its next near tie in its
         own run: another set at one layer moves every later layer's logits (a tie that is exact in one branch
         may be 13 ulps wide in another). Any number of layers deep, MAX_TIE_VARIANTS runs in all.
 
-        Branches are run one at a time, best first: nearest the candidate's run first (with `distance`), then
-        shallowest, then each layer's likeliest sets before any layer's less likely ones (routing_sets ranks
-        them). So a branch nearer the candidate than the plain run is extended before the plain run's other
-        alternatives, and the search stops at a match: with near ties at four layers, the plain run alone
-        has more alternatives than the run limit. Without `distance`, breadth first."""
+        Branches run one at a time, taken in turn from two orders of the same untried branches: nearest the
+        candidate first (by the distance of the run they extend; `start` is the plain run's), and breadth
+        first. In both, shallower branches and each layer's likeliest sets (routing_sets ranks them) come
+        before less likely ones. With near ties at four layers the plain run alone has more alternatives than
+        the run limit: the first order follows a branch that brings the candidate nearer, the second keeps
+        covering the plain run's alternatives when nearness was noise. The search stops at a match."""
         margins, sets = list(reference.routing_margins), list(reference.routing_sets)
         variants = []
         order = itertools.count()
+        nearest, breadth = [], []   # heaps of the same untried branches: (key, branch, its run's set counts, layer)
 
-        def alternatives(far, depth, choices, run_sets, last):
-            """A run's untried branches, each choosing another set at one more layer past `last`, with their
-            heap keys (the run's distance, depth, the set's rank, layer, insertion order)."""
-            return [((far, depth, j, i, next(order)), {**choices, i: j}, run_sets, i)
-                    for i, n in enumerate(run_sets) if n > 1 and i > last for j in range(1, n)]
+        def push(far, depth, choices, run_sets, last):
+            """A run's untried branches, each choosing another set at one more layer past `last`."""
+            for i, j in ((i, j) for i, n in enumerate(run_sets) if i > last for j in range(1, n)):
+                branch, tie = {**choices, i: j}, next(order)
+                heapq.heappush(nearest, ((far, depth, j, i, tie), branch, run_sets, i))
+                heapq.heappush(breadth, ((depth, j, i, tie), branch, run_sets, i))
 
+        ran = set()
         try:
-            start = 0.0
-            if distance is not None:   # the plain run's own distance: a nearer branch goes ahead of its siblings
-                start = distance(*reference.step(hidden.clone(), Task.clone_state(state)))
-            frontier = alternatives(start, 1, {}, sets, -1)
-            heapq.heapify(frontier)
-            while frontier and len(variants) < MAX_TIE_VARIANTS:
-                (_, depth, *_), branch, run_sets, layer = heapq.heappop(frontier)
+            push(start, 1, {}, sets, -1)
+            while (nearest or breadth) and len(variants) < MAX_TIE_VARIANTS:
+                turn = (nearest, breadth) if len(variants) % 2 == 0 else (breadth, nearest)
+                _, branch, run_sets, layer = heapq.heappop(turn[0] or turn[1])
+                chosen = tuple(sorted(branch.items()))
+                if chosen in ran:
+                    continue   # already run from the other order
+                ran.add(chosen)
                 out, st = reference.step(hidden.clone(), Task.clone_state(state), choices=branch)
                 here = [round(m, 1) for m in reference.routing_margins]
                 branch_sets = list(reference.routing_sets)
@@ -171,8 +176,7 @@ class KimiTask(Task):
                 far = 0.0 if distance is None else distance(out, st)
                 if distance is not None and far <= 1.0:
                     return variants
-                for item in alternatives(far, depth + 1, branch, branch_sets, layer):
-                    heapq.heappush(frontier, item)
+                push(far, len(branch) + 1, branch, branch_sets, layer)
             return variants
         finally:
             reference.routing_margins, reference.routing_sets = margins, sets   # classes refer to the plain run
