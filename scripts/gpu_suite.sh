@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -93,6 +93,10 @@ for step in "$@"; do
       for k in "$u" kernels/kimi_linear/seed.cu; do
         timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --ctx 16384 --phases 2>&1 | tee -a "$OUT/rolled_phases.log" | tail -60
       done ;;
+    tiediag)  # the timed sample refused in the twenty-sixth session (p92's knobs; the seed's output is the same):
+              # does any valid expert set match it once the checker's caps are raised?
+      timeout 300 python3 scripts/timed_sample_diag.py 1531211386 16384 2 --knob KSPLIT_KDA=2 --knob KSPLIT_SHARED=12 \
+        --search 300 2>&1 | tee "$OUT/tiediag.log" | tail -25 ;;
     routerpf)  # the router's rows prefetched into L2 at the barrier before the router phase
       k=$(patched traces/examples/kimi-router-prefetch/seed-router-prefetch.patch seed-router-prefetch) ||
         { echo "patch failed"; continue; }
