@@ -36,9 +36,9 @@ TOLERANCE_NOTE = (
     "and none after it, on inputs whose margin at that layer was 0-5 ulps (at an exact tie at layer 3, "
     "seed 1876674187 ctx 3001, neither the plain set nor the k/k+1 swap matched: a third expert lay "
     "within reach). So the checker also runs the reference with each other valid set at such a layer "
-    "(reference.routing_sets: up to 8 per layer, those giving up the least logit first; 24 runs in all, each "
-    "layer's likeliest sets first and the branch nearest the candidate extended first) and accepts a match "
-    "with any branch at the same tight bounds, at as many such layers as there are. "
+    "(reference.routing_sets: up to 8 per layer, those giving up the least logit first; 24 runs in all, "
+    "taken in turn nearest the candidate first and breadth first, each layer's likeliest sets first) and "
+    "accepts a match with any branch at the same tight bounds, at as many such layers as there are. "
     "The cosine gate (0.98, upstream's) applies to every tensor."
 )
 
@@ -148,8 +148,9 @@ class KimiTask(Task):
         order = itertools.count()
         nearest, breadth = [], []   # heaps of the same untried branches: (key, branch, its run's set counts, layer)
 
-        def push(far, depth, choices, run_sets, last):
+        def push(far, choices, run_sets, last):
             """A run's untried branches, each choosing another set at one more layer past `last`."""
+            depth = len(choices) + 1
             for i, j in ((i, j) for i, n in enumerate(run_sets) if i > last for j in range(1, n)):
                 branch, tie = {**choices, i: j}, next(order)
                 heapq.heappush(nearest, ((far, depth, j, i, tie), branch, run_sets, i))
@@ -157,7 +158,7 @@ class KimiTask(Task):
 
         ran = set()
         try:
-            push(start, 1, {}, sets, -1)
+            push(start, {}, sets, -1)
             while (nearest or breadth) and len(variants) < MAX_TIE_VARIANTS:
                 turn = (nearest, breadth) if len(variants) % 2 == 0 else (breadth, nearest)
                 _, branch, run_sets, layer = heapq.heappop(turn[0] or turn[1])
@@ -176,7 +177,7 @@ class KimiTask(Task):
                 far = 0.0 if distance is None else distance(out, st)
                 if distance is not None and far <= 1.0:
                     return variants
-                push(far, len(branch) + 1, branch, branch_sets, layer)
+                push(far, branch, branch_sets, layer)
             return variants
         finally:
             reference.routing_margins, reference.routing_sets = margins, sets   # classes refer to the plain run
