@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -103,6 +103,25 @@ for step in "$@"; do
       timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$k" --ctx 2048 --ctx 16384 --rounds 6 \
         2>&1 | tee "$OUT/routerpf_compare.log" | tail -20
       timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/routerpf_phases.log" | tail -30 ;;
+    stepwarm)  # the step's first phase issues its chunks before staging (PREFETCH_STEP 0), and the next step's first
+               # chunks are brought into L2 as the step ends (1: each block its own; 2, the default: an SM's last block)
+      v=$(mktemp -d); pw=traces/examples/kimi-step-prefetch/seed-step-prefetch.patch
+      if grep -q PREFETCH_STEP kernels/kimi_linear/seed.cu; then   # landed: the patch reversed gives the seed before it
+        b=$(patched "$pw" before -R) && n=kernels/kimi_linear/seed.cu || { echo "patch failed"; continue; }
+      else
+        b=kernels/kimi_linear/seed.cu && n=$(patched "$pw" after) || { echo "patch failed"; continue; }
+      fi
+      cp "$b" "$v/before.cu"
+      vs=("$v/before.cu")
+      for k in ${STEPWARM_KNOBS:-0 1 2}; do
+        sed "s|^// @knob PREFETCH_STEP 2 |// @knob PREFETCH_STEP $k |" "$n" > "$v/ps$k.cu"; vs+=("$v/ps$k.cu")
+      done
+      timeout "${COMPARE_S:-400}" python3 run_agent.py compare "${vs[@]}" \
+        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/stepwarm_compare.log" | tail -32
+      for k in ${STEPWARM_PHASES:-before ps2}; do
+        timeout 150 python3 run_agent.py bench "$v/$k.cu" --ctx 2048 --phases 2>&1 | tee "$OUT/stepwarm_phases_$k.log" |
+          grep -E "timeline|L0 kda project|L3 g/u|total"
+      done ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
