@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -21,6 +21,28 @@ patched() {  # patched PATCH NAME [-R]: a copy of the seed with PATCH applied (o
   local t; t=$(mktemp -d)
   mkdir -p "$t/kernels/kimi_linear" && cp kernels/kimi_linear/seed.cu "$t/kernels/kimi_linear/" &&
     (cd "$t" && git apply ${3:-} "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
+}
+
+knob_experiment() {  # knob_experiment PATCH KNOB NAME VALUE...: the seed before PATCH against the patched seed at each
+                     # VALUE of its KNOB (interleaved compare, 2K and 16K), then the barrier stamps at 2K of the seed
+                     # before and of the last value. Works whether or not PATCH has landed in the seed.
+  local pw=$1 knob=$2 name=$3 v b n k; shift 3
+  v=$(mktemp -d)
+  if grep -q "@knob $knob " kernels/kimi_linear/seed.cu; then
+    b=$(patched "$pw" before -R) && n=kernels/kimi_linear/seed.cu || { echo "patch failed"; return 1; }
+  else
+    b=kernels/kimi_linear/seed.cu && n=$(patched "$pw" after) || { echo "patch failed"; return 1; }
+  fi
+  cp "$b" "$v/before.cu"
+  local vs=("$v/before.cu")
+  for k in "$@"; do sed -E "s|^// @knob $knob [0-9]+ |// @knob $knob $k |" "$n" > "$v/$knob$k.cu"; vs+=("$v/$knob$k.cu"); done
+  COLUMNS=200 timeout "${COMPARE_S:-400}" python3 run_agent.py compare "${vs[@]}" --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" \
+    2>&1 | tee "$OUT/${name}_compare.log" | tail -40
+  [ -n "${NO_PHASES:-}" ] && return 0
+  for k in "${vs[0]}" "${vs[-1]}"; do
+    timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$(basename "$k" .cu).log" |
+      grep -E "timeline|L0 kda project|g/u|total"
+  done
 }
 
 for step in "$@"; do
@@ -105,23 +127,11 @@ for step in "$@"; do
       timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/routerpf_phases.log" | tail -30 ;;
     stepwarm)  # the step's first phase issues its chunks before staging (PREFETCH_STEP 0), and the next step's first
                # chunks are brought into L2 as the step ends (1: each block its own; 2, the default: an SM's last block)
-      v=$(mktemp -d); pw=traces/examples/kimi-step-prefetch/seed-step-prefetch.patch
-      if grep -q PREFETCH_STEP kernels/kimi_linear/seed.cu; then   # landed: the patch reversed gives the seed before it
-        b=$(patched "$pw" before -R) && n=kernels/kimi_linear/seed.cu || { echo "patch failed"; continue; }
-      else
-        b=kernels/kimi_linear/seed.cu && n=$(patched "$pw" after) || { echo "patch failed"; continue; }
-      fi
-      cp "$b" "$v/before.cu"
-      vs=("$v/before.cu")
-      for k in ${STEPWARM_KNOBS:-0 1 2}; do
-        sed "s|^// @knob PREFETCH_STEP 2 |// @knob PREFETCH_STEP $k |" "$n" > "$v/ps$k.cu"; vs+=("$v/ps$k.cu")
-      done
-      timeout "${COMPARE_S:-400}" python3 run_agent.py compare "${vs[@]}" \
-        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/stepwarm_compare.log" | tail -32
-      for k in ${STEPWARM_PHASES:-before ps2}; do
-        timeout 150 python3 run_agent.py bench "$v/$k.cu" --ctx 2048 --phases 2>&1 | tee "$OUT/stepwarm_phases_$k.log" |
-          grep -E "timeline|L0 kda project|L3 g/u|total"
-      done ;;
+      knob_experiment traces/examples/kimi-step-prefetch/seed-step-prefetch.patch PREFETCH_STEP stepwarm \
+        ${STEPWARM_KNOBS:-0 1 2} ;;
+    splitpairs)  # the last routed experts' gate/up as one-matrix units (SPLIT_PAIRS; 0 computes exactly what the seed does)
+      knob_experiment traces/examples/kimi-split-pairs/seed-split-pairs.patch SPLIT_PAIRS splitpairs \
+        ${SPLIT_KNOBS:-0 1 2 3} ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)

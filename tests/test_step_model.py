@@ -73,6 +73,24 @@ def test_every_k_slab_of_every_tile_is_streamed_once():
     assert len(down) == 9 and set(down.values()) == {9 * FULL.moe_inter // 32}                # every slot
 
 
+def test_split_pairs_stream_the_same_slabs_as_one_matrix_units_that_complete_their_tiles_together():
+    """SPLIT_PAIRS 2 (traces/examples/kimi-split-pairs): the last two routed experts' gate/up become 144
+    one-chunk units after 252 pairs, so no block carries more than 3 gate/up chunk steps instead of 4; each of
+    their tiles then takes 2 x 9 arrivals. Without the knob the plan is the seed's."""
+    knobs = {k: v for k, v in SEED_KNOBS.items() if k != "SPLIT_PAIRS"}
+    gate_up, split = (step_plan(FULL, {**knobs, **extra})[4].tables[0] for extra in ({}, {"SPLIT_PAIRS": 2}))
+    assert len(gate_up.units) == 324 and len(split.units) == 252 + 144
+    assert [len(u.chunks) for u in split.units[252:]] == [1] * 144
+    assert {u.parts for u in split.units[252:]} == {18} and {u.parts for u in split.units[:252]} == {9}
+    streamed = [{}, {}]
+    for table, slabs in zip((gate_up, split), streamed, strict=True):
+        for u in table.units:
+            slabs[u.tile] = slabs.get(u.tile, 0) + sum(c.slabs for c in u.chunks)
+    assert streamed[0] == streamed[1]
+    steps = [sum(len(u.chunks) for u in t.block_units(b, 264)) for t in (gate_up, split) for b in range(264)]
+    assert max(steps[:264]) == 4 and max(steps[264:]) == 3
+
+
 def test_a_pure_stream_runs_at_the_memory_bandwidth():
     """264 blocks streaming 30 chunks each with (almost) no compute take the bytes' time at the modelled
     bandwidth, plus about one latency (the chunk probe's stream alone ran at ~4.5-4.8 TB/s)."""

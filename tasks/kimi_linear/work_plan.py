@@ -145,14 +145,20 @@ def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: in
 
 def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -> tuple[JobTable, JobTable]:
     """The MoE phase's two tables: shared then routed gate/up pairs, then every slot's down projection. The
-    shared units' first chunks are issued two barriers ahead, the routed units' after routing."""
+    shared units' first chunks are issued two barriers ahead, the routed units' after routing. With the knob
+    SPLIT_PAIRS (absent: 0), the last routed experts run their gate and up as two jobs of one-matrix units."""
     d, f = cfg.hidden, cfg.moe_inter
     gu_split = {**{s: knobs["KSPLIT_GU"] for s in range(cfg.n_active)},
                 **{cfg.n_active + s: knobs["KSPLIT_SHARED"] for s in range(cfg.n_shared)}}
-    slots = [cfg.n_active + s for s in range(cfg.n_shared)] + list(range(cfg.n_active))
-    gate_up = [Unit(chunks=unit_chunks(d, split, gu_split[slot], cfg.group, warps, paired=True),
-                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot], job=job)
-               for job, slot in enumerate(slots) for tile in range(tiles_of(f)) for split in range(gu_split[slot])]
+    split_from = cfg.n_active - knobs.get("SPLIT_PAIRS", 0)
+    # (slot, matrices per unit): a split expert's two jobs, gate then up, each arrive once per (tile, K slice)
+    jobs = ([(cfg.n_active + s, 2) for s in range(cfg.n_shared)] + [(r, 2) for r in range(split_from)]
+            + [(r, 1) for r in range(split_from, cfg.n_active) for _ in range(2)])
+    gate_up = [Unit(chunks=unit_chunks(d, split, gu_split[slot], cfg.group, warps, paired=mats == 2),
+                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot] * (3 - mats),
+                    job=job)
+               for job, (slot, mats) in enumerate(jobs)
+               for tile in range(tiles_of(f)) for split in range(gu_split[slot])]
     shared_blocks = frozenset(range(cfg.n_shared * tiles_of(f) * knobs["KSPLIT_SHARED"]))
     ks = knobs["KSPLIT_DOWN"]
     n_slots = cfg.n_active + cfg.n_shared
