@@ -23,10 +23,12 @@ patched() {  # patched PATCH NAME [-R]: a copy of the seed with PATCH applied (o
     (cd "$t" && git apply ${3:-} "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
 }
 
-knob_experiment() {  # knob_experiment PATCH KNOB NAME VALUE...: the seed before PATCH against the patched seed at each
-                     # VALUE of its KNOB (interleaved compare, 2K and 16K), then the barrier stamps at 2K of the seed
-                     # before and of the last value. Works whether or not PATCH has landed in the seed.
-  local pw=$1 knob=$2 name=$3 v b n k; shift 3
+knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PATCH against the patched seed at each
+                     # VARIANT (KNOB=VALUE[,KNOB=VALUE...], the patch's knobs), interleaved `compare` at 2K and 16K, then
+                     # the barrier stamps at 2K of the seed before and of the last variant. The first variant's first
+                     # knob tells whether PATCH has landed in the seed (then the patch reversed gives the seed before).
+  local pw=$1 name=$2 v b n spec kv; shift 2
+  local knob=${1%%=*}
   v=$(mktemp -d)
   if grep -q "@knob $knob " kernels/kimi_linear/seed.cu; then
     b=$(patched "$pw" before -R) && n=kernels/kimi_linear/seed.cu || { echo "patch failed"; return 1; }
@@ -35,13 +37,17 @@ knob_experiment() {  # knob_experiment PATCH KNOB NAME VALUE...: the seed before
   fi
   cp "$b" "$v/before.cu"
   local vs=("$v/before.cu")
-  for k in "$@"; do sed -E "s|^// @knob $knob [0-9]+ |// @knob $knob $k |" "$n" > "$v/$knob$k.cu"; vs+=("$v/$knob$k.cu"); done
+  for spec in "$@"; do
+    cp "$n" "$v/$spec.cu"
+    for kv in ${spec//,/ }; do sed -i -E "s|^// @knob ${kv%%=*} [0-9]+ |// @knob ${kv%%=*} ${kv#*=} |" "$v/$spec.cu"; done
+    vs+=("$v/$spec.cu")
+  done
   COLUMNS=200 timeout "${COMPARE_S:-400}" python3 run_agent.py compare "${vs[@]}" --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" \
     2>&1 | tee "$OUT/${name}_compare.log" | tail -40
   [ -n "${NO_PHASES:-}" ] && return 0
   for k in "${vs[0]}" "${vs[-1]}"; do
     timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$(basename "$k" .cu).log" |
-      grep -E "timeline|L0 kda project|g/u|total"
+      grep -E "timeline|L0 kda project|attention|g/u|total"
   done
 }
 
@@ -125,13 +131,15 @@ for step in "$@"; do
       timeout 400 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$k" --ctx 2048 --ctx 16384 --rounds 6 \
         2>&1 | tee "$OUT/routerpf_compare.log" | tail -20
       timeout 200 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/routerpf_phases.log" | tail -30 ;;
-    stepwarm)  # the step's first phase issues its chunks before staging (PREFETCH_STEP 0), and the next step's first
-               # chunks are brought into L2 as the step ends (1: each block its own; 2, the default: an SM's last block)
-      knob_experiment traces/examples/kimi-step-prefetch/seed-step-prefetch.patch PREFETCH_STEP stepwarm \
-        ${STEPWARM_KNOBS:-0 1 2} ;;
+    stepwarm)  # L2 warm-ups: the step's first phase issues its chunks before staging (all variants); the next step's
+               # first chunks into L2 as the step ends (PREFETCH_STEP 1: each block its own, 2: an SM's last block); the
+               # attention's cache rows into L2 at the barrier before the MLA layer (PREFETCH_CACHE)
+      knob_experiment traces/examples/kimi-step-prefetch/seed-step-prefetch.patch stepwarm ${STEPWARM_VARIANTS:-\
+        PREFETCH_STEP=0,PREFETCH_CACHE=0 PREFETCH_STEP=2,PREFETCH_CACHE=0 PREFETCH_STEP=0,PREFETCH_CACHE=1 \
+        PREFETCH_STEP=2,PREFETCH_CACHE=1} ;;
     splitpairs)  # the last routed experts' gate/up as one-matrix units (SPLIT_PAIRS; 0 computes exactly what the seed does)
-      knob_experiment traces/examples/kimi-split-pairs/seed-split-pairs.patch SPLIT_PAIRS splitpairs \
-        ${SPLIT_KNOBS:-0 1 2 3} ;;
+      knob_experiment traces/examples/kimi-split-pairs/seed-split-pairs.patch splitpairs ${SPLIT_VARIANTS:-\
+        SPLIT_PAIRS=0 SPLIT_PAIRS=1 SPLIT_PAIRS=2 SPLIT_PAIRS=3} ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
