@@ -25,8 +25,9 @@ patched() {  # patched PATCH NAME [-R]: a copy of the seed with PATCH applied (o
 
 knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PATCH against the patched seed at each
                      # VARIANT (KNOB=VALUE[,KNOB=VALUE...], the patch's knobs), interleaved `compare` at 2K and 16K, then
-                     # the barrier stamps at 2K of the seed before and of the last variant. The first variant's first
-                     # knob tells whether PATCH has landed in the seed (then the patch reversed gives the seed before).
+                     # the barrier stamps at 2K of the seed before and of the last variant (NO_PHASES=1: none), and with
+                     # KIMI_TESTS=1 tests/test_gpu_kimi.py on the patched seed. The first variant's first knob tells
+                     # whether PATCH has landed in the seed (then the patch reversed gives the seed before).
   local pw=$1 name=$2 v b n spec kv; shift 2
   local knob=${1%%=*}
   v=$(mktemp -d)
@@ -44,6 +45,11 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   done
   COLUMNS=200 timeout "${COMPARE_S:-400}" python3 run_agent.py compare "${vs[@]}" --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" \
     2>&1 | tee "$OUT/${name}_compare.log" | tail -40
+  if [ -n "${KIMI_TESTS:-}" ]; then   # the Kimi GPU tests with the patched seed (its default knobs) as the seed
+    local landed=1; grep -q "@knob $knob " kernels/kimi_linear/seed.cu || { landed=; git apply "$pw"; }
+    timeout 600 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/${name}_kimi_tests.log" | tail -6
+    [ -n "$landed" ] || git apply -R "$pw"
+  fi
   [ -n "${NO_PHASES:-}" ] && return 0
   for k in "${vs[0]}" "${vs[-1]}"; do
     timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$(basename "$k" .cu).log" |
