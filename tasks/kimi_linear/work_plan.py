@@ -155,7 +155,7 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
     jobs = ([(cfg.n_active + s, 2) for s in range(cfg.n_shared)] + [(r, 2) for r in range(split_from)]
             + [(r, 1) for r in range(split_from, cfg.n_active) for _ in range(2)])
     gate_up = [Unit(chunks=unit_chunks(d, split, gu_split[slot], cfg.group, warps, paired=mats == 2),
-                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot] * (3 - mats),
+                    finish=Finish.PARTIAL, tile=(f"L{layer} gu", slot, tile), parts=gu_split[slot] * 2 // mats,
                     job=job)
                for job, (slot, mats) in enumerate(jobs)
                for tile in range(tiles_of(f)) for split in range(gu_split[slot])]
