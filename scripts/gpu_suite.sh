@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -23,12 +23,17 @@ patched() {  # patched PATCH NAME [-R]: a copy of the seed with PATCH applied (o
     (cd "$t" && git apply ${3:-} "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
 }
 
+set_knobs() {  # set_knobs FILE KNOB=VALUE[,KNOB=VALUE...]: rewrite the @knob defaults of a kernel source in place
+  local kv
+  for kv in ${2//,/ }; do sed -i -E "s|^// @knob ${kv%%=*} [0-9]+ |// @knob ${kv%%=*} ${kv#*=} |" "$1"; done
+}
+
 knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PATCH against the patched seed at each
                      # VARIANT (KNOB=VALUE[,KNOB=VALUE...], the patch's knobs), interleaved `compare` at 2K and 16K, then
                      # the barrier stamps at 2K of the seed before and of the last variant (NO_PHASES=1: none), and with
                      # KIMI_TESTS=1 tests/test_gpu_kimi.py on the patched seed. The first variant's first knob tells
                      # whether PATCH has landed in the seed (then the patch reversed gives the seed before).
-  local pw=$1 name=$2 v b n spec kv; shift 2
+  local pw=$1 name=$2 v b n spec; shift 2
   local knob=${1%%=*}
   v=$(mktemp -d)
   if grep -q "@knob $knob " kernels/kimi_linear/seed.cu; then
@@ -40,7 +45,7 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   local vs=("$v/before.cu")
   for spec in "$@"; do
     cp "$n" "$v/$spec.cu"
-    for kv in ${spec//,/ }; do sed -i -E "s|^// @knob ${kv%%=*} [0-9]+ |// @knob ${kv%%=*} ${kv#*=} |" "$v/$spec.cu"; done
+    set_knobs "$v/$spec.cu" "$spec"
     vs+=("$v/$spec.cu")
   done
   COLUMNS=200 timeout "${COMPARE_S:-400}" python3 run_agent.py compare "${vs[@]}" --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" \
@@ -146,6 +151,17 @@ for step in "$@"; do
     splitpairs)  # the last routed experts' gate/up as one-matrix units (SPLIT_PAIRS; 0 computes exactly what the seed does)
       knob_experiment traces/examples/kimi-split-pairs/seed-split-pairs.patch splitpairs ${SPLIT_VARIANTS:-\
         SPLIT_PAIRS=0 SPLIT_PAIRS=1 SPLIT_PAIRS=2 SPLIT_PAIRS=3} ;;
+    stacked)  # both prepared experiments in one call: the seed, C0 alone, the step warm-ups, split pairs, and both
+              # patches stacked at their defaults, interleaved at 2K and 16K; then the Kimi GPU tests with both applied
+      d=$(mktemp -d) && sw=traces/examples/kimi-step-prefetch/seed-step-prefetch.patch &&
+        sp=traces/examples/kimi-split-pairs/seed-split-pairs.patch && cp kernels/kimi_linear/seed.cu "$d/seed.cu" &&
+        cp "$(patched $sw w)" "$d/c0-only.cu" && set_knobs "$d/c0-only.cu" PREFETCH_STEP=0,PREFETCH_CACHE=0 &&
+        cp "$(patched $sw w)" "$d/stepwarm-2-1.cu" && cp "$(patched $sp s)" "$d/split-2.cu" &&
+        git apply $sw && git apply $sp && cp kernels/kimi_linear/seed.cu "$d/both.cu" || { echo "patch failed"; continue; }
+      COLUMNS=200 timeout "${COMPARE_S:-440}" python3 run_agent.py compare "$d"/{seed,c0-only,stepwarm-2-1,split-2,both}.cu \
+        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/stacked_compare.log" | tail -40
+      timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/stacked_kimi_tests.log" | tail -6
+      git apply -R $sp && git apply -R $sw ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
