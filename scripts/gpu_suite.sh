@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -162,6 +162,18 @@ for step in "$@"; do
         --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/stacked_compare.log" | tail -40
       timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/stacked_kimi_tests.log" | tail -6
       git apply -R $sp && git apply -R $sw ;;
+    unitcost)  # why one-matrix units cost (split pairs here, u3 in the fourteenth session): the seed against SPLIT_PAIRS 0
+               # (the patch's plumbing alone) and 2, interleaved at 2K; then the in-phase events and one step's
+               # per-block stamps (--raw) of the seed and of SPLIT_PAIRS 2
+      d=$(mktemp -d) && sp=traces/examples/kimi-split-pairs/seed-split-pairs.patch && cp kernels/kimi_linear/seed.cu "$d/seed.cu" &&
+        cp "$(patched $sp s)" "$d/split-2.cu" && cp "$d/split-2.cu" "$d/split-0.cu" && set_knobs "$d/split-0.cu" SPLIT_PAIRS=0 ||
+        { echo "patch failed"; continue; }
+      COLUMNS=200 timeout 240 python3 run_agent.py compare "$d"/{seed,split-0,split-2}.cu --ctx 2048 --rounds "${ROUNDS:-5}" \
+        2>&1 | tee "$OUT/unitcost_compare.log" | tail -12
+      for k in seed split-2; do
+        timeout 200 python3 scripts/kimi_phase_stamps.py "$d/$k.cu" --ctx 2048 --raw "$OUT/unitcost-raw-$k" 2>&1 |
+          tee "$OUT/unitcost_stamps_$k.log" | grep -E "g/u"
+      done ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
