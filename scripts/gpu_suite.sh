@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -174,6 +174,21 @@ for step in "$@"; do
         timeout 200 python3 scripts/kimi_phase_stamps.py "$d/$k.cu" --ctx 2048 --raw "$OUT/unitcost-raw-$k" 2>&1 |
           tee "$OUT/unitcost_stamps_$k.log" | grep -E "g/u"
       done ;;
+    unitcall)  # a block's step to its next unit out of line (UNIT_CALL), alone and under split pairs, interleaved at 2K and
+               # 16K; then the in-phase events and per-block stamps of UNIT_CALL 1 at 2K; then the Kimi GPU tests with it
+      d=$(mktemp -d) && uc=traces/examples/kimi-unit-call/seed-unit-call.patch &&
+        sp=traces/examples/kimi-split-pairs/seed-split-pairs.patch && cp kernels/kimi_linear/seed.cu "$d/seed.cu" &&
+        cp "$(patched $uc u)" "$d/unit-call.cu" && cp "$(patched $sp s)" "$d/split-2.cu" &&
+        git apply $sp && git apply $uc && cp kernels/kimi_linear/seed.cu "$d/split-2-unit-call.cu" &&
+        git apply -R $uc && git apply -R $sp || { echo "patch failed"; continue; }
+      COLUMNS=200 timeout "${COMPARE_S:-300}" python3 run_agent.py compare "$d"/{seed,unit-call,split-2,split-2-unit-call}.cu \
+        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/unitcall_compare.log" | tail -14
+      timeout 200 python3 scripts/kimi_phase_stamps.py "$d/unit-call.cu" --ctx 2048 --steps 5 --raw "$OUT/raw-unit-call" \
+        > "$OUT/unitcall_stamps.log" 2>&1 && python3 scripts/kimi_block_stamps.py "$OUT/raw-unit-call/stamps_2048.npz" \
+        "L1 g/u+down" --groups 0,36,60,120 --latest 3 2>&1 | tail -6
+      git apply $uc && timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 |
+        tee "$OUT/unitcall_kimi_tests.log" | tail -4
+      git apply -R $uc ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
