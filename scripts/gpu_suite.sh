@@ -174,18 +174,25 @@ for step in "$@"; do
         timeout 200 python3 scripts/kimi_phase_stamps.py "$d/$k.cu" --ctx 2048 --raw "$OUT/unitcost-raw-$k" 2>&1 |
           tee "$OUT/unitcost_stamps_$k.log" | grep -E "g/u"
       done ;;
-    unitcall)  # a block's step to its next unit out of line (UNIT_CALL), alone and under split pairs, interleaved at 2K and
-               # 16K; then the in-phase events and per-block stamps of UNIT_CALL 1 at 2K; then the Kimi GPU tests with it
+    unitcall)  # the walk to a unit's head chunk out of line and warm (UNIT_CALL 1), its control (2: never warmed by
+               # issue_first), found ahead of the ring wait (UNIT_AHEAD 1), both, and split pairs with UNIT_CALL 1,
+               # interleaved at 2K and 16K; then one step's per-block stamps at 2K of the seed, UNIT_CALL 1 and 2 (the
+               # group table of L1's MoE phase); then the Kimi GPU tests with the patch (its defaults) as the seed
       d=$(mktemp -d) && uc=traces/examples/kimi-unit-call/seed-unit-call.patch &&
         sp=traces/examples/kimi-split-pairs/seed-split-pairs.patch && cp kernels/kimi_linear/seed.cu "$d/seed.cu" &&
-        cp "$(patched $uc u)" "$d/unit-call.cu" && cp "$(patched $sp s)" "$d/split-2.cu" &&
-        git apply $sp && git apply $uc && cp kernels/kimi_linear/seed.cu "$d/split-2-unit-call.cu" &&
-        git apply -R $uc && git apply -R $sp || { echo "patch failed"; continue; }
-      COLUMNS=200 timeout "${COMPARE_S:-300}" python3 run_agent.py compare "$d"/{seed,unit-call,split-2,split-2-unit-call}.cu \
-        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/unitcall_compare.log" | tail -14
-      timeout 200 python3 scripts/kimi_phase_stamps.py "$d/unit-call.cu" --ctx 2048 --steps 5 --raw "$OUT/raw-unit-call" \
-        > "$OUT/unitcall_stamps.log" 2>&1 && python3 scripts/kimi_block_stamps.py "$OUT/raw-unit-call/stamps_2048.npz" \
-        "L1 g/u+down" --groups 0,36,60,120 --latest 3 2>&1 | tail -6
+        for v in 1,0 2,0 0,1 1,1; do
+          cp "$(patched $uc u)" "$d/call-${v%,*}-ahead-${v#*,}.cu" && set_knobs "$d/call-${v%,*}-ahead-${v#*,}.cu" \
+            "UNIT_CALL=${v%,*},UNIT_AHEAD=${v#*,}" || break; done &&
+        git apply $sp && git apply $uc && cp kernels/kimi_linear/seed.cu "$d/split-2-call-1.cu" &&
+        set_knobs "$d/split-2-call-1.cu" UNIT_CALL=1,UNIT_AHEAD=0 && git apply -R $uc && git apply -R $sp &&
+        [ -f "$d/call-1-ahead-1.cu" ] || { echo "patch failed"; continue; }
+      COLUMNS=200 timeout "${COMPARE_S:-300}" python3 run_agent.py compare "$d"/{seed,call-1-ahead-0,call-2-ahead-0,call-0-ahead-1,call-1-ahead-1,split-2-call-1}.cu \
+        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/unitcall_compare.log" | tail -18
+      for k in seed call-1-ahead-0 call-2-ahead-0; do
+        timeout 100 python3 scripts/kimi_phase_stamps.py "$d/$k.cu" --ctx 2048 --steps 5 --raw "$OUT/raw-$k" \
+          > "$OUT/unitcall_stamps_$k.log" 2>&1 && python3 scripts/kimi_block_stamps.py "$OUT/raw-$k/stamps_2048.npz" \
+          "L1 g/u+down" --groups 0,36,60,120 --latest 1 2>&1 | tail -5
+      done
       git apply $uc && timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 |
         tee "$OUT/unitcall_kimi_tests.log" | tail -4
       git apply -R $uc ;;
