@@ -9,6 +9,8 @@
 // distinct immediates (8 KB of straight-line code, no data loads), with %globaltimer around the call; the
 // launch names which of COPIES instances it calls.
 //   WARM      call `cold_body` once first, so the timed call finds its code in the instruction cache;
+//             With `between` other copies called in between, the warm-up can be pushed out again: how many
+//             push it out gives the size of the instruction cache (idle modes only);
 //   SATURATE  first queue this block's slice of a large buffer for L2 (`cp.async.bulk.prefetch.L2`, no data
 //             comes to the SM), so device memory is busy for the whole call.
 // The host evicts L2 (writes a buffer several times its size) before every launch, so a cold call's code comes
@@ -44,11 +46,16 @@ __device__ __forceinline__ unsigned long long now_ns() {
   return t;
 }
 
+// `between`: with WARM, the other copies (copy + 1, copy + 2, ...) called after the warm-up and before the timed
+// call, 8 KB of code each; the timed call turns cold once they have pushed its code out of the caches.
 extern "C" __global__ void cold_probe(const unsigned char* buf, unsigned long long per_block, int mode, int copy,
-                                      float seed, unsigned long long* out_ns, float* sink) {
+                                      int between, float seed, unsigned long long* out_ns, float* sink) {
   if (threadIdx.x != 0) return;
   float v = seed + blockIdx.x;
-  if (mode & WARM) v = body_of<0>(copy, v);
+  if (mode & WARM) {
+    v = body_of<0>(copy, v);
+    for (int i = 1; i <= between; ++i) v = body_of<0>((copy + i) % COPIES, v);
+  }
   if (mode & SATURATE) {
     const unsigned char* slice = buf + blockIdx.x * per_block;
     for (unsigned long long off = 0; off < per_block; off += PIECE)

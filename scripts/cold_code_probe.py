@@ -10,7 +10,9 @@ times one call of an 8 KB straight-line body on every block (one thread each), a
   warm, saturated  as warm, with the same prefetches queued
 
 If the reading is right, "cold, saturated" is microseconds longer than "cold, idle", and both warm modes are
-close to the chain's own time (512 dependent FFMAs). Each mode is timed over `--launches` launches; the table
+close to the chain's own time (512 dependent FFMAs). Then "warm, N between" runs N other 8 KB bodies between the
+warm-up and the timed call (memory idle): the N at which the call turns cold sizes the SM's instruction cache,
+against the seed's 173 KB of code. Each mode is timed over `--launches` launches; the table
 shows the median over launches of the blocks' median and of their slowest.
 
 Usage: python3 scripts/cold_code_probe.py [--launches 9] [--mb-per-block 4]
@@ -32,15 +34,18 @@ PIECE = 256 << 10                   # the .cu's bytes per L2 prefetch
 COPIES = 16                         # the .cu's instances of the cold body: launch n calls copy n % COPIES
 MODES = {"cold, idle": 0, "warm, idle": 1, "cold, saturated": 2, "warm, saturated": 3}
 L2_EVICT_FACTOR = 8                 # the eviction buffer is this many times the L2
+BETWEEN = (2, 4, 8, 12, 15)         # other bodies (8 KB of code each) run between a warm-up and the timed call
 
 
-def launch(kernel, grid: int, buf: cupy.ndarray, per_block: int, mode: int, copy: int, evict: cupy.ndarray
-           ) -> numpy.ndarray:
-    """Evict L2, run one launch in `mode` on body `copy`, and return every block's timed call in µs."""
+def launch(kernel, grid: int, buf: cupy.ndarray, per_block: int, mode: int, copy: int, evict: cupy.ndarray,
+           between: int = 0) -> numpy.ndarray:
+    """Evict L2, run one launch in `mode` on body `copy` (with `between` other bodies after the warm-up), and
+    return every block's timed call in µs."""
     evict.fill(mode + 1)
     out = cupy.zeros(grid, dtype=cupy.uint64)
     sink = cupy.zeros(grid, dtype=cupy.float32)
-    args = (buf, numpy.uint64(per_block), numpy.int32(mode), numpy.int32(copy % COPIES), numpy.float32(1.0), out, sink)
+    args = (buf, numpy.uint64(per_block), numpy.int32(mode), numpy.int32(copy % COPIES), numpy.int32(between),
+            numpy.float32(1.0), out, sink)
     kernel((grid,), (THREADS,), args)
     cupy.cuda.runtime.deviceSynchronize()
     return out.get().astype(numpy.float64) / 1e3
@@ -66,10 +71,12 @@ def main() -> None:
     launches = iter(range(1 << 30))                   # launch n calls body copy n % COPIES
     launch(kernel, grid, buf, per_block, 0, next(launches), evict)   # module load and first-launch costs
     print(f"{'mode':18} {'median block µs':>16} {'slowest block µs':>17}")
-    for label, mode in MODES.items():
+    runs = [(label, mode, 0) for label, mode in MODES.items()]
+    runs += [(f"warm, {n} between", MODES["warm, idle"], n) for n in BETWEEN]
+    for label, mode, between in runs:
         medians, slowest = [], []
         for _ in range(args.launches):
-            t = launch(kernel, grid, buf, per_block, mode, next(launches), evict)
+            t = launch(kernel, grid, buf, per_block, mode, next(launches), evict, between)
             medians.append(float(numpy.median(t)))
             slowest.append(float(t.max()))
         print(f"{label:18} {statistics.median(medians):16.2f} {statistics.median(slowest):17.2f}")
