@@ -1,19 +1,25 @@
-"""What a cold code path costs while device memory is saturated (issue 28; scripts/cold_code_probe.cu says how).
+"""What a cold code path costs while device memory is busy (issue 28; scripts/cold_code_probe.cu says how).
 
 The seed's per-block stamps (BENCHMARKS.md, twenty-eighth session) show a chunk step that is 1.5-2.3 µs slower
 on the blocks that run one extra ~150-instruction path, once per layer, while the grid streams its weights. This
-times one call of an 8 KB straight-line body on every block (one thread each), after L2 is evicted, in four modes:
+times one call of an 8 KB straight-line body on every block (thread 0), after L2 is evicted, in these modes:
 
-  cold, idle       its code from device memory, nothing else in flight
-  warm, idle       called once before, so its code is in the SM's instruction cache
-  cold, saturated  as cold, with ~1 GB of L2 prefetches queued by the grid just before the call
-  warm, saturated  as warm, with the same prefetches queued
+  cold, idle             its code from device memory, nothing else in flight
+  warm, idle             called just before, so its code is in the SM's instruction cache
+  cold / warm, L2 load   ~1 GB of L2 prefetches queued by the grid just before (no data comes to the SMs)
+  cold / warm, stream    each block keeps 4 x 16 KB bulk copies into shared memory in flight, as the seed's ring
+  warm, N between        N other 8 KB bodies between the warm-up and the timed call, memory idle
 
-If the reading is right, "cold, saturated" is microseconds longer than "cold, idle", and both warm modes are
-close to the chain's own time (512 dependent FFMAs). Then "warm, N between" runs N other 8 KB bodies between the
-warm-up and the timed call (memory idle): the N at which the call turns cold sizes the SM's instruction cache,
-against the seed's 173 KB of code. Each mode is timed over `--launches` launches; the table
-shows the median over launches of the blocks' median and of their slowest.
+If the reading is right, a cold call under load is microseconds longer than a cold idle one, and the warm calls
+stay near the chain's own time (512 dependent FFMAs). The N at which "warm, N between" turns cold sizes the SM's
+instruction cache, against the seed's 173 KB of code; if it never turns cold, the cold rows were not cold in the
+SM's caches either (raise COPIES in the .cu).
+
+Launches take the modes in turn (round robin, so a drift in clocks does not line up with a mode), and launch n
+calls body copy 7n mod 16, so consecutive launches do not call neighbouring code. Before any timing, one untimed
+launch per copy. The table shows, over the launches of each mode, the median of the blocks' median, fastest and
+slowest call. All blocks call the same copy: the first fetch of a line goes to memory and later ones may hit L2,
+so the slowest block is the figure for a fetch from device memory.
 
 Usage: python3 scripts/cold_code_probe.py [--launches 9] [--mb-per-block 4]
 """
@@ -30,57 +36,68 @@ from sm90a_module import load_sm90a
 
 SOURCE = Path(__file__).with_suffix(".cu")
 THREADS, BLOCKS_PER_SM = 128, 2
-PIECE = 256 << 10                   # the .cu's bytes per L2 prefetch
-COPIES = 16                         # the .cu's instances of the cold body: launch n calls copy n % COPIES
-MODES = {"cold, idle": 0, "warm, idle": 1, "cold, saturated": 2, "warm, saturated": 3}
-L2_EVICT_FACTOR = 8                 # the eviction buffer is this many times the L2
+COPIES, PIECE, STREAM_BYTES = 16, 256 << 10, 4 * (16 << 10)   # the .cu's COPIES, PIECE and RING x SLOT
+WARM, L2_LOAD, STREAM = 1, 2, 4                                 # the .cu's mode bits
 BETWEEN = (2, 4, 8, 12, 15)         # other bodies (8 KB of code each) run between a warm-up and the timed call
+L2_EVICT_FACTOR = 8                 # the eviction buffer is this many times the L2
+COPY_STRIDE = 7                     # launch n calls copy (7 n) mod COPIES (7 is prime to 16: every copy in turn)
 
 
-def launch(kernel, grid: int, buf: cupy.ndarray, per_block: int, mode: int, copy: int, evict: cupy.ndarray,
-           between: int = 0) -> numpy.ndarray:
-    """Evict L2, run one launch in `mode` on body `copy` (with `between` other bodies after the warm-up), and
-    return every block's timed call in µs."""
-    evict.fill(mode + 1)
-    out = cupy.zeros(grid, dtype=cupy.uint64)
-    sink = cupy.zeros(grid, dtype=cupy.float32)
-    args = (buf, numpy.uint64(per_block), numpy.int32(mode), numpy.int32(copy % COPIES), numpy.int32(between),
-            numpy.float32(1.0), out, sink)
-    kernel((grid,), (THREADS,), args)
-    cupy.cuda.runtime.deviceSynchronize()
-    return out.get().astype(numpy.float64) / 1e3
+class Probe:
+    """The loaded kernel, its buffers, and the launch count that picks each launch's body copy."""
+
+    def __init__(self, mb_per_block: int):
+        dev = cupy.cuda.Device()
+        self.sms, self.l2 = dev.attributes["MultiProcessorCount"], dev.attributes["L2CacheSize"]
+        self.grid = self.sms * BLOCKS_PER_SM
+        self.per_block = mb_per_block << 20
+        if self.per_block % PIECE:
+            raise SystemExit(f"--mb-per-block must make whole {PIECE >> 10} KB pieces")
+        mod = load_sm90a(SOURCE)
+        self.kernel = mod.get_function("cold_probe")
+        self.kernel.max_dynamic_shared_size_bytes = STREAM_BYTES
+        self.bodies = cupy.ndarray((COPIES,), cupy.uint64, mod.get_global("bodies")).get()
+        self.buf = cupy.zeros(self.grid * self.per_block, dtype=cupy.uint8)
+        self.evict = cupy.zeros(L2_EVICT_FACTOR * self.l2 // 4, dtype=cupy.int32)
+        self.launches = 0
+
+    def launch(self, mode: int, between: int = 0, copy: int | None = None) -> numpy.ndarray:
+        """Evict L2, run one launch, and return every block's timed call in µs."""
+        copy = (COPY_STRIDE * self.launches) % COPIES if copy is None else copy
+        self.launches += 1
+        self.evict.fill(self.launches)
+        out = cupy.zeros(self.grid, dtype=cupy.uint64)
+        sink = cupy.zeros(self.grid, dtype=cupy.float32)
+        args = (self.buf, numpy.uint64(self.per_block), numpy.int32(mode), numpy.int32(copy), numpy.int32(between),
+                numpy.uint64(self.bodies[copy]), numpy.float32(1.0), out, sink)
+        self.kernel((self.grid,), (THREADS,), args, shared_mem=STREAM_BYTES if mode & STREAM else 0)
+        cupy.cuda.runtime.deviceSynchronize()
+        return out.get().astype(numpy.float64) / 1e3
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--launches", type=int, default=9)
-    ap.add_argument("--mb-per-block", type=int, default=4, help="L2 prefetches each block queues when saturating")
+    ap.add_argument("--launches", type=int, default=9, help="launches per mode")
+    ap.add_argument("--mb-per-block", type=int, default=4, help="bytes each block loads under L2 load or stream")
     args = ap.parse_args()
-    dev = cupy.cuda.Device()
-    sms, l2 = dev.attributes["MultiProcessorCount"], dev.attributes["L2CacheSize"]
-    grid = sms * BLOCKS_PER_SM
-    per_block = args.mb_per_block << 20
-    if per_block % PIECE:
-        raise SystemExit(f"--mb-per-block must make whole {PIECE >> 10} KB pieces")
-    kernel = load_sm90a(SOURCE).get_function("cold_probe")
-    buf = cupy.zeros(grid * per_block, dtype=cupy.uint8)
-    evict = cupy.zeros(L2_EVICT_FACTOR * l2 // 4, dtype=cupy.int32)
+    probe = Probe(args.mb_per_block)
+    runs = {"cold, idle": (0, 0), "warm, idle": (WARM, 0), "cold, L2 load": (L2_LOAD, 0),
+            "warm, L2 load": (WARM | L2_LOAD, 0), "cold, stream": (STREAM, 0), "warm, stream": (WARM | STREAM, 0)}
+    runs |= {f"warm, {n} between": (WARM, n) for n in BETWEEN}
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    print(f"{name} · {sms} SMs · L2 {l2 >> 20} MB · grid {grid} · {grid * per_block >> 20} MB of prefetches when "
-          f"saturating · {args.launches} launches per mode")
-    launches = iter(range(1 << 30))                   # launch n calls body copy n % COPIES
-    launch(kernel, grid, buf, per_block, 0, next(launches), evict)   # module load and first-launch costs
-    print(f"{'mode':18} {'median block µs':>16} {'slowest block µs':>17}")
-    runs = [(label, mode, 0) for label, mode in MODES.items()]
-    runs += [(f"warm, {n} between", MODES["warm, idle"], n) for n in BETWEEN]
-    for label, mode, between in runs:
-        medians, slowest = [], []
-        for _ in range(args.launches):
-            t = launch(kernel, grid, buf, per_block, mode, next(launches), evict, between)
-            medians.append(float(numpy.median(t)))
-            slowest.append(float(t.max()))
-        print(f"{label:18} {statistics.median(medians):16.2f} {statistics.median(slowest):17.2f}")
-    print("one thread per block times one call of 512 dependent FFMAs (8 KB of code); L2 evicted before each launch")
+    print(f"{name} · {probe.sms} SMs · L2 {probe.l2 >> 20} MB · grid {probe.grid} · {args.launches} launches per "
+          f"mode, round robin · {probe.grid * probe.per_block >> 20} MB of L2 prefetches under L2 load")
+    for copy in range(COPIES):   # module load, first-launch costs, every copy's first use
+        probe.launch(0, copy=copy)
+    samples: dict[str, list[numpy.ndarray]] = {label: [] for label in runs}
+    for _ in range(args.launches):
+        for label, (mode, between) in runs.items():
+            samples[label].append(probe.launch(mode, between))
+    print(f"{'mode':18} {'median block µs':>16} {'fastest µs':>11} {'slowest µs':>11}")
+    for label, times in samples.items():
+        row = [statistics.median(float(f(t)) for t in times) for f in (numpy.median, numpy.min, numpy.max)]
+        print(f"{label:18} {row[0]:16.2f} {row[1]:11.2f} {row[2]:11.2f}")
+    print("thread 0 of each block times one call of 512 dependent FFMAs (8 KB of code); L2 evicted before each launch")
 
 
 if __name__ == "__main__":
