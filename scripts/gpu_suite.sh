@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -197,6 +197,29 @@ for step in "$@"; do
         tee "$OUT/unitcall_kimi_tests.log" | tail -4
       git apply -R $uc ;;
     coldfetch) timeout 120 python3 scripts/cold_code_probe.py 2>&1 | tee "$OUT/cold_code_probe.log" ;;   # cold code under load
+    stalls)   # warp stall reasons of one seed step by source function (ncu, caches and clocks as they are)
+      NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      if [ -z "$NCU" ]; then echo "stalls: no ncu on this machine"; else
+        timeout 300 "$NCU" --cache-control none --clock-control none -k regex:kimi_decode --launch-skip 6 \
+          --launch-count 1 --section WarpStateStats --section SourceCounters -f -o "$OUT/stalls" \
+          python3 scripts/kimi_stall_profile.py > "$OUT/stalls.log" 2>&1
+        "$NCU" -i "$OUT/stalls.ncu-rep" --page raw --csv > "$OUT/stalls_raw.csv" 2>&1
+        "$NCU" -i "$OUT/stalls.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/stalls_cuda_sass.csv" 2>&1
+        python3 scripts/kimi_stall_table.py "$OUT/stalls_cuda_sass.csv" 2>&1 | tee "$OUT/stalls_table.log"
+      fi ;;
+    ringahead)  # fewer weight bytes in flight per block (PRE_CHUNKS 1: one chunk before the barrier; RING_AHEAD 1: one
+                # chunk ahead while computing), interleaved at 2K and 16K with barrier timelines; one step's chunk
+                # events at 2K of the seed and of both; then the Kimi GPU tests with both at 1 as the seed
+      ra=traces/examples/kimi-ring-ahead/seed-ring-ahead.patch
+      NO_PHASES= knob_experiment $ra ringahead PRE_CHUNKS=1 RING_AHEAD=1 PRE_CHUNKS=1,RING_AHEAD=1
+      both=$(patched $ra both) && set_knobs "$both" PRE_CHUNKS=1,RING_AHEAD=1 || { echo "patch failed"; continue; }
+      for k in kernels/kimi_linear/seed.cu "$both"; do
+        timeout 100 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --steps 5 > "$OUT/ringahead_stamps_$(basename "$k" .cu).log" 2>&1
+        grep -E "project|g/u|o_proj|total" "$OUT/ringahead_stamps_$(basename "$k" .cu).log" | head -14
+      done
+      cp "$both" kernels/kimi_linear/seed.cu && timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 |
+        tee "$OUT/ringahead_kimi_tests.log" | tail -4
+      git checkout kernels/kimi_linear/seed.cu ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)
