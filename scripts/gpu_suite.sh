@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -197,16 +197,24 @@ for step in "$@"; do
         tee "$OUT/unitcall_kimi_tests.log" | tail -4
       git apply -R $uc ;;
     coldfetch) timeout 120 python3 scripts/cold_code_probe.py 2>&1 | tee "$OUT/cold_code_probe.log" ;;   # cold code under load
-    stalls)   # warp stall reasons of one seed step by source function (ncu, caches and clocks as they are)
+    stalls)   # warp stall reasons of one seed step (or STALLS_KERNEL's) by source function (ncu, caches and clocks as they are)
       NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
       if [ -z "$NCU" ]; then echo "stalls: no ncu on this machine"; else
         timeout 300 "$NCU" --cache-control none --clock-control none -k regex:kimi_decode --launch-skip 6 \
           --launch-count 1 --section WarpStateStats --section SourceCounters -f -o "$OUT/stalls" \
-          python3 scripts/kimi_stall_profile.py > "$OUT/stalls.log" 2>&1
+          python3 scripts/kimi_stall_profile.py ${STALLS_KERNEL:-} > "$OUT/stalls.log" 2>&1
         "$NCU" -i "$OUT/stalls.ncu-rep" --page raw --csv > "$OUT/stalls_raw.csv" 2>&1
         "$NCU" -i "$OUT/stalls.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/stalls_cuda_sass.csv" 2>&1
-        python3 scripts/kimi_stall_table.py "$OUT/stalls_cuda_sass.csv" 2>&1 | tee "$OUT/stalls_table.log"
+        python3 scripts/kimi_stall_table.py "$OUT/stalls_cuda_sass.csv" ${STALLS_KERNEL:-} 2>&1 | tee "$OUT/stalls_table.log"
       fi ;;
+    codedose)  # what cold code at a phase start costs in the step: 4 KB of filler run by warp 0 at every release, one
+               # copy (CODE_DOSE 1), 16 in turn (2, cold), or one copy twice (3: the second run warm); interleaved at 2K
+               # and 16K with barrier timelines of the seed and of CODE_DOSE 2 (NO_PHASES=1: none); then the stall
+               # table of CODE_DOSE 2 (NO_STALLS=1: none)
+      cd_patch=traces/examples/kimi-code-dose/seed-code-dose.patch
+      knob_experiment $cd_patch codedose CODE_DOSE=1 CODE_DOSE=3 CODE_DOSE=2
+      [ -n "${NO_STALLS:-}" ] && continue
+      cold=$(patched $cd_patch cold) && set_knobs "$cold" CODE_DOSE=2 && STALLS_KERNEL=$cold bash "$0" stalls ;;
     ringahead)  # fewer weight bytes in flight per block (PRE_CHUNKS 1: one chunk before the barrier; RING_AHEAD 1: one
                 # chunk ahead while computing), interleaved at 2K and 16K with barrier timelines; one step's chunk
                 # events at 2K of the seed and of both; then the Kimi GPU tests with both at 1 as the seed
