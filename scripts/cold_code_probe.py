@@ -16,15 +16,17 @@ times one call of an 8 KB straight-line body on every block (thread 0), after L2
 If the reading is right, a cold call under the stream is microseconds longer than a cold idle one, and the warm
 calls stay near the chain's own time (512 dependent FFMAs). "L2, stream" against "cold, stream" says whether code
 kept in L2 escapes the cost; the stream depth rows say how it grows with the bytes in flight per SM. The N at
-which "warm, N between" turns cold sizes the SM's instruction cache, against the seed's 173 KB of code.
+which "warm, N between" turns cold sizes the SM's instruction cache, against the seed's 169 KiB of code.
 
-Launches take the modes in turn (round robin, so a drift in clocks does not line up with a mode), and launch n
-calls body copy 7n mod 24, so consecutive launches do not call neighbouring code. Before any timing, one untimed
-launch per copy. The table shows, over the launches of each mode, the median of the blocks' median, fastest and
-slowest call. All blocks call the same copy: the first fetch of a line goes to memory and later ones may hit L2,
-so the slowest block is the figure for a fetch from device memory.
+Launches run in rounds, one launch per mode each (a drift in clocks does not line up with a mode). Every mode
+times the same body copy in a round and round r takes copy 7r mod 24, so each mode sees every copy once in the
+default 24 rounds: where a copy sits in memory (its cache sets) moves a call by up to ~0.8 µs, and it now cancels
+out between modes. "warm, 20 between" is the same launch as "L2, idle": the pair is the probe's noise check.
+Before any timing, one untimed launch per copy. The table shows, over the rounds, the median of the blocks'
+median, fastest and slowest call. All blocks call the same copy: the first fetch of a line goes to memory and
+later ones may hit L2, so the slowest block is the figure for a fetch from device memory.
 
-Usage: python3 scripts/cold_code_probe.py [--launches 9] [--mb-per-block 4]
+Usage: python3 scripts/cold_code_probe.py [--launches 24] [--mb-per-block 4]
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ WARM, L2_LOAD, STREAM = 1, 2, 4                                 # the .cu's mode
 BETWEEN = (4, 8, 10, 12, 16, 20)    # other bodies (8 KB of code each) run between a warm-up and the timed call
 FLUSH = 20                          # other bodies run first to push a copy out of the SM's caches (160 KB)
 L2_EVICT_FACTOR = 8                 # the eviction buffer is this many times the L2
-COPY_STRIDE = 7                     # launch n calls copy (7 n) mod COPIES (7 is prime to 24: every copy in turn)
+COPY_STRIDE = 7                     # round r calls copy (7 r) mod COPIES (7 is prime to 24: every copy in turn)
 
 
 class Probe:
@@ -65,9 +67,8 @@ class Probe:
         self.evict = cupy.zeros(L2_EVICT_FACTOR * self.l2 // 4, dtype=cupy.int32)
         self.launches = 0
 
-    def launch(self, mode: int, between: int = 0, depth: int = RING, copy: int | None = None) -> numpy.ndarray:
-        """Evict L2, run one launch, and return every block's timed call in µs."""
-        copy = (COPY_STRIDE * self.launches) % COPIES if copy is None else copy
+    def launch(self, mode: int, between: int, depth: int, copy: int) -> numpy.ndarray:
+        """Evict L2, run one launch that times body `copy`, and return every block's timed call in µs."""
         self.launches += 1
         self.evict.fill(self.launches)
         out = cupy.zeros(self.grid, dtype=cupy.uint64)
@@ -82,7 +83,7 @@ class Probe:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--launches", type=int, default=9, help="launches per mode")
+    ap.add_argument("--launches", type=int, default=COPIES, help="launches per mode (rounds; each its own copy)")
     ap.add_argument("--mb-per-block", type=int, default=4, help="bytes each block loads under L2 load or stream")
     args = ap.parse_args()
     probe = Probe(args.mb_per_block)
@@ -97,11 +98,12 @@ def main() -> None:
     print(f"{name} · {probe.sms} SMs · L2 {probe.l2 >> 20} MB · grid {probe.grid} · {args.launches} launches per "
           f"mode, round robin · {probe.grid * probe.per_block >> 20} MB of L2 prefetches under L2 load")
     for copy in range(COPIES):   # module load, first-launch costs, every copy's first use
-        probe.launch(0, copy=copy)
+        probe.launch(0, 0, RING, copy)
     samples: dict[str, list[numpy.ndarray]] = {label: [] for label in runs}
-    for _ in range(args.launches):
+    for r in range(args.launches):
+        copy = (COPY_STRIDE * r) % COPIES   # every mode times the same copy in a round: placement cancels out
         for label, (mode, between, depth) in runs.items():
-            samples[label].append(probe.launch(mode, between, depth))
+            samples[label].append(probe.launch(mode, between, depth, copy))
     print(f"{'mode':18} {'median block µs':>16} {'fastest µs':>11} {'slowest µs':>11}")
     for label, times in samples.items():
         row = [statistics.median(float(f(t)) for t in times) for f in (numpy.median, numpy.min, numpy.max)]

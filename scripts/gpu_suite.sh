@@ -57,7 +57,8 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   fi
   [ -n "${NO_PHASES:-}" ] && return 0
   for k in "${vs[0]}" "${vs[-1]}"; do
-    timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$(basename "$k" .cu).log" |
+    local tag; tag=$(basename "$k" .cu); tag=${tag//[=,]/-}   # the device tool brings back no name with = or ,
+    timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$tag.log" |
       grep -E "timeline|L0 kda project|attention|g/u|total"
   done
 }
@@ -191,7 +192,7 @@ for step in "$@"; do
       for k in seed call-1-ahead-0 call-2-ahead-0; do
         timeout 100 python3 scripts/kimi_phase_stamps.py "$d/$k.cu" --ctx 2048 --steps 5 --raw "$OUT/raw-$k" \
           > "$OUT/unitcall_stamps_$k.log" 2>&1 && python3 scripts/kimi_block_stamps.py "$OUT/raw-$k/stamps_2048.npz" \
-          "L1 g/u+down" --groups 0,36,60,120 --latest 1 2>&1 | tail -5
+          "L1 g/u+down" --groups 0,36,60,120 --latest 1 2>&1 | tee "$OUT/unitcall_groups_$k.log" | tail -5
       done
       git apply $uc && timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 |
         tee "$OUT/unitcall_kimi_tests.log" | tail -4
@@ -203,8 +204,9 @@ for step in "$@"; do
         timeout 300 "$NCU" --cache-control none --clock-control none -k regex:kimi_decode --launch-skip 6 \
           --launch-count 1 --section WarpStateStats --section SourceCounters -f -o "$OUT/stalls" \
           python3 scripts/kimi_stall_profile.py ${STALLS_KERNEL:-} > "$OUT/stalls.log" 2>&1
-        "$NCU" -i "$OUT/stalls.ncu-rep" --page raw --csv > "$OUT/stalls_raw.csv" 2>&1
-        "$NCU" -i "$OUT/stalls.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/stalls_cuda_sass.csv" 2>&1
+        "$NCU" -i "$OUT/stalls.ncu-rep" --page raw --csv > "$OUT/stalls_raw.csv" 2>> "$OUT/stalls.log"
+        "$NCU" -i "$OUT/stalls.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/stalls_cuda_sass.csv" \
+          2>> "$OUT/stalls.log"
         python3 scripts/kimi_stall_table.py "$OUT/stalls_cuda_sass.csv" ${STALLS_KERNEL:-} 2>&1 | tee "$OUT/stalls_table.log"
       fi ;;
     codedose)  # what cold code at a phase start costs in the step: 4 KB of filler run by warp 0 at every release, one
@@ -222,12 +224,13 @@ for step in "$@"; do
       NO_PHASES= knob_experiment $ra ringahead PRE_CHUNKS=1 RING_AHEAD=1 PRE_CHUNKS=1,RING_AHEAD=1
       both=$(patched $ra both) && set_knobs "$both" PRE_CHUNKS=1,RING_AHEAD=1 || { echo "patch failed"; continue; }
       for k in kernels/kimi_linear/seed.cu "$both"; do
-        timeout 100 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --steps 5 > "$OUT/ringahead_stamps_$(basename "$k" .cu).log" 2>&1
-        grep -E "project|g/u|o_proj|total" "$OUT/ringahead_stamps_$(basename "$k" .cu).log" | head -14
+        log="$OUT/ringahead_stamps_$(basename "$k" .cu).log"
+        timeout 100 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --steps 5 > "$log" 2>&1
+        grep -E "project|g/u|o_proj|total" "$log" | head -14
       done
-      cp "$both" kernels/kimi_linear/seed.cu && timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 |
-        tee "$OUT/ringahead_kimi_tests.log" | tail -4
-      git checkout kernels/kimi_linear/seed.cu ;;
+      keep=$(mktemp) && cp kernels/kimi_linear/seed.cu "$keep" && cp "$both" kernels/kimi_linear/seed.cu &&
+        timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/ringahead_kimi_tests.log" | tail -4
+      cp "$keep" kernels/kimi_linear/seed.cu ;;
     mmarate) timeout 120 python3 scripts/mma_rate_probe.py 2>&1 | tee "$OUT/mma_rate.log" ;;   # mma.sync vs wgmma rates
     cluster) timeout 300 python3 scripts/cluster_probe.py 2>&1 | tee "$OUT/cluster_probe.log" ;;   # issue 28, step 3
     validate)  # end of a session: timings alone first, then the correctness work side by side (waits on PIDs)

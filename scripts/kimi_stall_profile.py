@@ -1,8 +1,8 @@
 """Why the Kimi step's warps stall, from Nsight Compute: is instruction fetch ("no instruction") a real share?
 
-The cold-code probe (scripts/cold_code_probe.py) shows an instruction-cache miss costs 3-13 µs per 8 KB of code
-while device memory is busy, even with the code in L2, and the seed's 168 KB of code is more than twice what an
-SM's instruction cache keeps (~64-72 KB). This runs a short chain of seed steps at ctx 2048 so that
+The cold-code probe (scripts/cold_code_probe.py) times a cold 8 KB code path at 3.5-3.8 µs idle and 6.3-15 µs
+while bulk copies stream into the SM (1.09 µs warm), and the seed's 169 KiB of code is more than the SM's
+instruction caches keep (they degrade from ~40 KB). This runs a short chain of steps at ctx 2048 so that
 `ncu` (gpu_suite.sh step `stalls`) can profile one step with caches left as the previous step left them
 (--cache-control none) and clocks untouched (--clock-control none). The build is the seed's own (NVRTC, same
 options) plus -lineinfo, so the profile's SASS rows carry source lines. Usage under ncu:

@@ -1,14 +1,18 @@
 """Warp stall samples of one Kimi step by source function, from Nsight Compute's source page (cuda,sass CSV).
 
 `gpu_suite.sh stalls` profiles one seed step under ncu (scripts/kimi_stall_profile.py) and exports
-`--page source --csv --print-source cuda,sass`. There every SASS row follows the source line it came from (the
-innermost one: inlined helpers keep their own lines). ncu cannot open NVRTC's source file, so the lines come as
-numbers only; this rebuilds the compiled text (the task's prelude + the kernel source, as the build joins them),
-finds the function each line sits in, and sums the samples per function (an instruction listed under several
-lines counts once). It also splits the "no instruction"
-samples by how often the instruction ran per warp: code run a few times per warp is code a phase starts cold.
+`--page source --csv --print-source cuda,sass`. There every SASS row follows a source line it came from; an
+instruction that serves several lines (inlined helpers) is listed under each, and this counts it once, under its
+first listing, which in this kernel's profiles is the innermost line (ncu lists header files first, and helpers
+are defined above their callers; a forward-declared function is the exception, and takes a few instructions of
+its callers). ncu cannot open NVRTC's source file, so the lines come as numbers only; this rebuilds the compiled
+text (the task's prelude + the kernel source, as the build joins them), finds the function each line sits in
+(named with its first line, `name:line`, since overloads and member functions share names), and sums the samples
+per function. It also counts instructions and "no instruction" samples by how often an instruction ran per
+warp, averaged over every warp of the grid: code that ran at most about once per warp is code a phase runs once,
+usually cold; code that only some warps run lands lower than it ran on them.
 
-Usage: python3 scripts/kimi_stall_table.py STALLS_CUDA_SASS.csv [KERNEL.cu] [--top 30]
+Usage: python3 scripts/kimi_stall_table.py STALLS_CUDA_SASS.csv[.gz] [KERNEL.cu] [--top 30]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import csv
+import gzip
 import re
 import sys
 from collections import Counter, defaultdict
@@ -43,23 +48,29 @@ class SassRow:
 
 
 def function_starts(text: str) -> list[tuple[int, str]]:
-    """(1-based line, name) of every __device__ / __global__ function definition, in line order."""
+    """(1-based line, name) of every __device__ / __global__ function definition, in line order. A declaration
+    (a `;` before any `{`) is not one; a name on the next line is taken only after `__launch_bounds__(...)`."""
     lines = text.splitlines()
     starts = []
     for i, raw in enumerate(lines):
         if raw.lstrip().startswith("//") or not re.search(r"__(device|global)__", raw):
             continue
         rest = QUALIFIERS.sub(" ", raw)
-        m = NAME.search(rest) or (NAME.search(lines[i + 1]) if i + 1 < len(lines) else None)
-        if m:
+        m = NAME.search(rest)
+        span = raw
+        if m is None and "__launch_bounds__" in raw and i + 1 < len(lines) and "=" not in lines[i + 1]:
+            m, span = NAME.search(lines[i + 1]), raw + lines[i + 1]
+        body, decl = span.find("{"), span.find(";")
+        if m and not (decl >= 0 and (body < 0 or decl < body)):
             starts.append((i + 1, m.group(1)))
     return starts
 
 
 def enclosing(starts: list[tuple[int, str]], line: int) -> str:
-    """The function whose definition is the last one at or before `line` ("(prelude)" before the first)."""
+    """`name:line` of the function whose definition is the last one at or before `line` ("(prelude)" before the
+    first)."""
     k = bisect.bisect_right([s for s, _ in starts], line) - 1
-    return "(prelude)" if k < 0 else starts[k][1]
+    return "(prelude)" if k < 0 else f"{starts[k][1]}:{starts[k][0]}"
 
 
 def read_rows(path: Path) -> list[SassRow]:
@@ -69,7 +80,7 @@ def read_rows(path: Path) -> list[SassRow]:
     seen: set[str] = set()
     header: dict[str, int] | None = None
     file, line = "", None
-    with path.open(newline="") as fh:
+    with (gzip.open(path, "rt", newline="") if path.suffix == ".gz" else path.open(newline="")) as fh:
         for r in csv.reader(fh):
             if not r:
                 continue
@@ -98,17 +109,20 @@ def runs_bucket(runs: float) -> str:
     return next((f"<= {b}" for b in (1, 4, 16) if runs <= b), "> 16")
 
 
-def tabulate(rows: list[SassRow], compiled_text: str, warps: int) -> tuple[dict[str, Counter], Counter]:
-    """Counts per function (kernel lines) or per header file, and no-instruction samples by runs per warp."""
+def tabulate(rows: list[SassRow], compiled_text: str, warps: int) -> tuple[dict[str, Counter], dict[str, Counter]]:
+    """Counts per function (kernel lines) or per header file, and per runs-per-warp bucket (instructions and
+    no-instruction samples)."""
     starts = function_starts(compiled_text)
     per: dict[str, Counter] = defaultdict(Counter)
-    by_runs: Counter = Counter()
+    by_runs: dict[str, Counter] = defaultdict(Counter)
     for row in rows:
         own = row.file.endswith(".cu") and row.line is not None
         key = enclosing(starts, row.line) if own else Path(row.file).name or "(unknown)"
         per[key].update(row.counts)
         per[key]["instructions"] += 1
-        by_runs[runs_bucket(row.counts["executed"] / warps)] += row.counts["no_inst"]
+        bucket = by_runs[runs_bucket(row.counts["executed"] / warps)]
+        bucket["instructions"] += 1
+        bucket["no_inst"] += row.counts["no_inst"]
     return per, by_runs
 
 
@@ -139,8 +153,9 @@ def main() -> None:
         t.add_row(name, *(str(c[k]) for k in cols))
     console = Console(width=140)
     console.print(t)
-    console.print("no-instruction samples by runs per warp: " +
-                  ", ".join(f"{k}: {by_runs[k]}" for k in RUNS_BUCKETS))
+    console.print("by runs per warp (SASS instructions, KiB of code at 16 B each, no-instruction samples): " +
+                  "; ".join(f"{k}: {by_runs[k]['instructions']}, {by_runs[k]['instructions'] * 16 / 1024:.0f} KiB, "
+                            f"{by_runs[k]['no_inst']}" for k in RUNS_BUCKETS))
 
 
 if __name__ == "__main__":

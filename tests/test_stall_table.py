@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ __device__ __forceinline__ float helper(float x) {
   return x * 2.0f;
 }
 
+__device__ void declared_only(int n);
 extern "C" __global__ void __launch_bounds__(256, 2)
 kernel_entry(float* out) {
   out[0] = helper(1.0f);
@@ -37,7 +39,7 @@ def _profile(tmp_path: Path) -> Path:
         '"4","<Unable to open source file>","-","-","9","7","0","0","0","2","16"',
         '"","","0x20","FMUL R0, R0, 2","9","7","0","0","0","2","16"',
         '"","","...","...","-","-","-","-","-","-","-"',
-        '"9","<Unable to open source file>","-","-","5","1","0","3","0","1","8"',
+        '"10","<Unable to open source file>","-","-","5","1","0","3","0","1","8"',
         '"","","0x30","STG.E [R2], R0","5","1","0","3","0","1","8"',
         '"","","0x20","FMUL R0, R0, 2","9","7","0","0","0","2","16"',
     ]
@@ -46,19 +48,26 @@ def _profile(tmp_path: Path) -> Path:
     return path
 
 
-def test_function_starts_skip_comments_and_find_names_after_launch_bounds():
-    assert stall_table.function_starts(SOURCE) == [(3, "helper"), (7, "kernel_entry")]
+def test_function_starts_skip_comments_and_declarations_and_find_names_after_launch_bounds():
+    assert stall_table.function_starts(SOURCE) == [(3, "helper"), (8, "kernel_entry")]
 
 
 def test_rows_count_each_address_once_and_map_to_functions_or_headers(tmp_path):
     rows = stall_table.read_rows(_profile(tmp_path))
     assert [r.address for r in rows] == ["0x10", "0x20", "0x30"]
     per, by_runs = stall_table.tabulate(rows, SOURCE, warps=8)
-    assert per["helper"]["no_inst"] == 7 and per["helper"]["instructions"] == 1
-    assert per["kernel_entry"]["barrier"] == 3
+    assert per["helper:3"]["no_inst"] == 7 and per["helper:3"]["instructions"] == 1
+    assert per["kernel_entry:8"]["barrier"] == 3
     assert per["cuda_fp16.h"]["samples"] == 1
-    assert by_runs["<= 4"] == 7 and by_runs["<= 1"] == 1
+    assert by_runs["<= 4"]["no_inst"] == 7 and by_runs["<= 1"] == {"instructions": 2, "no_inst": 1}
 
 
 def test_runs_buckets():
     assert [stall_table.runs_bucket(r) for r in (0, 0.5, 3, 10, 100)] == ["never", "<= 1", "<= 4", "<= 16", "> 16"]
+
+
+def test_a_gzipped_profile_reads_the_same(tmp_path):
+    plain = _profile(tmp_path)
+    packed = tmp_path / "stalls.csv.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert stall_table.read_rows(packed) == stall_table.read_rows(plain)
