@@ -9,7 +9,8 @@ knobs) on a persistent grid of the seed's shape, step after step, in five modes:
   + stream   as + fold, and every step refills the slot just read by the seed's three bulk copies (run_jobs' loop)
   stream     the refill alone (with the block barrier a refill needs), and with the fold too
 and with 8 slabs (a full chunk) or 2 (a unit's tail chunk). µs per step = (time of a 96-step launch -
-time of a 32-step launch) / 64, so launch cost and ramp cancel. Usage: python scripts/chunk_probe.py
+time of a 32-step launch) / 64, so launch cost and ramp cancel. Usage: python scripts/chunk_probe.py [SEED.cu]
+(default: the seed; an older seed with the fp16-x loop works too)
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int
   __shared__ RingSync ring_sync;
   const Smem sm{smem_raw, &ring_sync};
   ring_init(sm.rs);
+#if PROBE_INT16_X   // the seed's x as int16 blocks (since its DP2A loop)
+  for (int i = threadIdx.x; i < X_MAX; i += THREADS) sm.xi()[i] = (short)(4099 * (i % 7) - 12000);
+  for (int i = threadIdx.x; i < X_MAX / XBLK; i += THREADS) sm.xs()[i] = 1.0f / 4096;
+#else
   for (int i = threadIdx.x; i < X_MAX; i += THREADS) sm.xh()[i] = __float2half(0.01f * (i % 7));
+#endif
   for (int s = 0; s < 2; ++s)
     for (int i = threadIdx.x; i < (int)RING_SLOT / 4; i += THREADS)
       reinterpret_cast<unsigned*>(sm.ring(s))[i] = 0x3c003c00u ^ (i * 2654435761u);
@@ -51,7 +57,11 @@ chunk_probe(const unsigned char* src, size_t src_bytes, int steps, int mode, int
   for (int k = 0; k < steps; ++k) {
     const int slot = k & 1;
     if (mode & 4) ring_wait(sm.rs, slot);
+#if PROBE_INT16_X
+    if (mode & 1) gemv_chunk(sm.ring(slot), TILE, 0, 0, slabs, sm.xi(), sm.xs(), acc);
+#else
     if (mode & 1) gemv_chunk(sm.ring(slot), TILE, 0, 0, slabs, sm.xh(), acc);
+#endif
     if (mode & 2) fold_chunk(acc, sm.red() + (threadIdx.x >> 5) * TILE, k == 0);
     if (mode & 6) __syncthreads();   // the slot is read (a refill needs it too)
     if ((mode & 4) && ring_issuer()) {   // the seed's three copies: packed rows, scales, zeros
@@ -78,19 +88,22 @@ MODES = {"compute": 1, "compute + fold": 3, "compute + fold + stream": 7, "strea
 
 
 def main() -> None:
-    source = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "kernels/kimi_linear/seed.cu"
+    source = path.read_text()
+    int16_x = "const short* xi" in source   # the DP2A loop's gemv_chunk (fp16 x before it)
     knobs = {k: str(v) for k, v in Candidate(source=source).resolved_knobs().items()}
     dev = cupy.cuda.Device()
     grid = dev.attributes["MultiProcessorCount"] * int(knobs["BLOCKS_PER_SM"])
     src = cupy.random.randint(0, 255, size=256 << 20, dtype=cupy.uint8)
     sink = cupy.zeros(grid, dtype=cupy.float32)
-    t = Table(title=f"One chunk step of the seed's GEMV loop, {grid} blocks x {knobs['THREADS']} threads "
+    t = Table(title=f"One chunk step of {path.name}'s GEMV loop, {grid} blocks x {knobs['THREADS']} threads "
                     "(µs per step, medians of 30 x 10 launches)")
     for col in ("mode", "slabs", "µs per step", "TB/s streamed"):
         t.add_column(col, justify="left" if col == "mode" else "right")
     defines = {**kernel_defines(FULL), **knobs}
     mod = cupy.RawModule(code=kernel_prelude(FULL) + source + PROBE,
-                         options=("-std=c++17", *(f"-D{k}={v}" for k, v in defines.items())))
+                         options=("-std=c++17", f"-DPROBE_INT16_X={int(int16_x)}",
+                                  *(f"-D{k}={v}" for k, v in defines.items())))
     kern = mod.get_function("chunk_probe")
     smem, chunk = (int(cupy.ndarray((1,), cupy.uint64, mod.get_global(name)).get()[0])
                    for name in ("probe_smem_bytes", "probe_chunk_bytes"))

@@ -8,8 +8,8 @@
 // x[256(c % 8) .. +256], so 8 steps are one GEMV with K = 2048 (16 groups) and N = 256, with weights
 // that repeat every two chunks. Each kernel writes its per-warp partial sums; the host adds them.
 //
-//   seed_probe  the seed's gemv_chunk loop, rewritten here with the seed's data layout (kernels/kimi_linear/
-//               seed.cu): a lane holds 16 bytes = 16 columns x 2 k of one packed row, LOP3 builds 1024 + q
+//   seed_probe  the seed's gemv_chunk loop until 2026-12-06 (since then DP2A on int16 x), rewritten here with
+//               its data layout (kernels/kimi_linear/seed.cu): a lane holds 16 bytes = 16 columns x 2 k of one packed row, LOP3 builds 1024 + q
 //               (or 1024 + 16q), HADD2 / HFMA2 makes q exact, HFMA2 accumulates q*x in fp16 over 16 products,
 //               and scale and zero point are applied per lane per slab in fp32.
 //   tc_probe    mma.sync m16n8k16, f16 x f16 -> f32. Weights are the A operand (M = 16 output columns, K = 16);

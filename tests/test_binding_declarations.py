@@ -7,7 +7,7 @@ import ctypes
 import pytest
 
 from megakernel_agent.tasks.cuda_runtime import KernelContractError
-from megakernel_agent.tasks.kimi_linear.abi import WEIGHT_SWIZZLE_SYMBOL, params_type
+from megakernel_agent.tasks.kimi_linear.abi import WEIGHT_NIBBLES_SYMBOL, WEIGHT_SWIZZLE_SYMBOL, params_type
 from megakernel_agent.tasks.kimi_linear.config import SMALL
 from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel
 
@@ -26,10 +26,11 @@ class LoadedKernel:
 ABI_SIZE = ctypes.sizeof(params_type(len(SMALL.pattern)))
 
 
+@pytest.mark.parametrize("symbol", [WEIGHT_SWIZZLE_SYMBOL, WEIGHT_NIBBLES_SYMBOL])
 @pytest.mark.parametrize("value", [2, 7, 1 << 40])
-def test_a_swizzle_declaration_other_than_0_or_1_is_the_kernel_s_failure(value):
-    model = MegakernelModel(SMALL).attach(LoadedKernel(ABI_SIZE, {WEIGHT_SWIZZLE_SYMBOL: value}))
-    with pytest.raises(KernelContractError, match=f"{WEIGHT_SWIZZLE_SYMBOL} is {value}: 0 or 1"):
+def test_a_layout_declaration_other_than_0_or_1_is_the_kernel_s_failure(symbol, value):
+    model = MegakernelModel(SMALL).attach(LoadedKernel(ABI_SIZE, {symbol: value}))
+    with pytest.raises(KernelContractError, match=f"{symbol} is {value}: 0 or 1"):
         model._pack(model.blocks[0].attn_norm.device)
 
 

@@ -14,7 +14,7 @@ from megakernel_agent.tasks.base import clone_state
 from megakernel_agent.tasks.kimi_linear.baseline import BaselineModel
 from megakernel_agent.tasks.kimi_linear.config import FULL, SMALL
 from megakernel_agent.tasks.kimi_linear.inputs import build_model, init_state, init_token
-from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel, tile_major
+from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel, pair_nibbles, tile_major
 from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
@@ -147,25 +147,33 @@ def test_binding_sees_weights_loaded_or_edited_after_its_first_step(small_models
         mk.load_state_dict(ref.state_dict(), strict=True)
 
 
-def test_binding_lays_w_q_out_swizzled_only_for_a_kernel_that_declares_it(small_models):
-    """The seed and a copy with the declaration toggled: each gets w_q as it declares (only the layout is
+@pytest.mark.parametrize("macro", ["MK_SWIZZLED_WEIGHTS", "MK_PAIRED_NIBBLES"])
+def test_binding_lays_w_q_out_as_the_kernel_declares_it(small_models, macro):
+    """The seed and a copy with one declaration toggled: each gets w_q as it declares (only the layout is
     checked here; the copy reads its rows wrongly)."""
     ref, mk = small_models
-    declaration = re.compile(r"^MK_SWIZZLED_WEIGHTS[ \t]*$", re.MULTILINE)
-    seed_swizzled = declaration.search(SEED) is not None
-    plain = declaration.sub("", SEED)
+
+    def declares(source: str, name: str) -> bool:
+        return re.search(rf"^{name}\b", source, re.MULTILINE) is not None
+
+    def expected(source: str) -> torch.Tensor:
+        tiled = tile_major(w_q, swizzled=declares(source, "MK_SWIZZLED_WEIGHTS"))
+        return pair_nibbles(tiled) if declares(source, "MK_PAIRED_NIBBLES") else tiled
+
+    declaration = re.compile(rf"^{macro}\b.*$", re.MULTILINE)
+    toggled_source = declaration.sub("", SEED) if declares(SEED, macro) else f"{macro}\n" + SEED
     knobs = {k: str(v) for k, v in Candidate(source=SEED).resolved_knobs().items()}
     toggled = MegakernelModel(SMALL).to(DEV)
     toggled.load_state_dict(ref.state_dict(), strict=True)
-    toggled.attach(build_megakernel(plain if seed_swizzled else "MK_SWIZZLED_WEIGHTS\n" + plain, SMALL,
-                                    extra_defines=knobs))
+    toggled.attach(build_megakernel(toggled_source, SMALL, extra_defines=knobs))
     h, st = init_token(SMALL, 5, DEV), init_state(SMALL, 9, 5, DEV)
     _step_pair(ref, mk, h, clone_state(st))
     toggled.step(h.clone(), clone_state(st))
     torch.cuda.synchronize()
     w_q = mk.blocks[0].attn.q_proj.w_q
-    assert torch.equal(mk._tiled[0], tile_major(w_q, swizzled=seed_swizzled))
-    assert torch.equal(toggled._tiled[0], tile_major(w_q, swizzled=not seed_swizzled))
+    assert torch.equal(mk._tiled[0], expected(SEED))
+    assert torch.equal(toggled._tiled[0], expected(toggled_source))
+    assert not torch.equal(mk._tiled[0], toggled._tiled[0])
     assert torch.equal(toggled._tiled[1], mk._tiled[1])   # scales stay as they are
 
 

@@ -1,7 +1,8 @@
+import numpy
 import pytest
 import torch
 
-from megakernel_agent.tasks.kimi_linear.megakernel import tile_major
+from megakernel_agent.tasks.kimi_linear.megakernel import pair_nibbles, tile_major
 from megakernel_agent.tasks.kimi_linear.quant import dequantize, dequantize_experts, pack_int4, quantize, unpack_int4
 
 
@@ -64,3 +65,50 @@ def test_swizzled_tile_major_moves_each_16_byte_chunk_by_its_row():
     assert not torch.equal(out, plain) and torch.equal(chunks_by_half(out), chunks_by_half(plain))
     with pytest.raises(ValueError, match="1-byte"):
         tile_major(t.to(torch.bfloat16), 256, swizzled=True)
+
+
+def dp2a(x_pair: numpy.ndarray, word: numpy.ndarray, high: bool) -> numpy.ndarray:
+    """PTX dp2a.lo / .hi with signed 16-bit a and unsigned 8-bit b: x0 * byte(0|2) + x1 * byte(1|3)."""
+    first = 2 if high else 0
+    b0, b1 = (word >> (8 * first)) & 0xFF, (word >> (8 * first + 8)) & 0xFF
+    return x_pair[..., 0] * b0 + x_pair[..., 1] * b1
+
+
+def test_paired_nibbles_give_each_column_its_two_weights_as_the_kernel_s_dp2a_reads_them():
+    """gemv_chunk's per-word arithmetic on pair_nibbles' layout: an AND with 0x0F0F0F0F and .lo/.hi DP2A give
+    columns c, c+1; an AND with 0xF0F0F0F0 gives 16x columns c+2, c+3, against the exact sum over k = 2r, 2r+1."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (2 * 6, 256), generator=gen, dtype=torch.uint8)   # (k, columns)
+    packed = pack_int4(q)                                                       # (r, columns)
+    paired = pair_nibbles(packed)
+    assert paired.shape == packed.shape and not torch.equal(paired, packed)
+    assert torch.equal(torch.sort(torch.cat([paired & 0xF, paired >> 4]).flatten()).values,
+                       torch.sort(torch.cat([packed & 0xF, packed >> 4]).flatten()).values)
+    words = paired.numpy().view("<u4").astype(numpy.int64)                     # (r, 64): columns 4w..4w+3
+    x = numpy.random.default_rng(4).integers(-32767, 32768, size=(6, 2), dtype=numpy.int64)   # (x[2r], x[2r+1])
+    xr = x[:, None, :]
+    lo, hi = words & 0x0F0F0F0F, words & 0xF0F0F0F0
+    got = numpy.stack([dp2a(xr, lo, False), dp2a(xr, lo, True),
+                       dp2a(xr, hi, False) // 16, dp2a(xr, hi, True) // 16], axis=-1).reshape(6, 256)
+    qn = q.numpy().astype(numpy.int64)
+    want = x[:, 0:1] * qn[0::2] + x[:, 1:2] * qn[1::2]
+    assert numpy.array_equal(got, want)
+    assert numpy.array_equal(dp2a(xr, hi, False) % 16, numpy.zeros_like(lo))
+
+
+def test_paired_nibbles_match_the_absorb_rows_nibble_shifts():
+    """AbsorbRow (seed.cu) reads column c+i's weight for k = 2r at bit 16 (i & 1) + 4 ((i >> 1) & 1), k = 2r+1
+    eight bits above."""
+    q = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    words = pair_nibbles(pack_int4(q)).numpy().view("<u4")[0]
+    for col in range(8):
+        shift = 16 * (col & 1) + 4 * ((col >> 1) & 1)
+        word = int(words[col // 4])
+        assert (word >> shift) & 0xF == q[0, col] and (word >> (shift + 8)) & 0xF == q[1, col]
+
+
+def test_pair_nibbles_refuses_what_is_not_whole_uint8_words():
+    with pytest.raises(ValueError, match="4-byte words"):
+        pair_nibbles(torch.zeros(2, 6, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="4-byte words"):
+        pair_nibbles(torch.zeros(2, 8, dtype=torch.int16))

@@ -33,11 +33,13 @@
 // shared-memory double buffer. The MLA-only phases (absorb q, attention, merge) are not inlined:
 // the kernel body's register allocation then serves the GEMV phases alone (-15 µs per step).
 //
-// Int4 inner loop: a lane loads 16 bytes = 16 columns x 2 k; each pair of nibbles becomes an fp16 pair
-// (1024 + q or 1024 + 16q) with one LOP3, then exactly q with one HSUB2 or HFMA2, and q * x accumulates
-// in fp16 over 16 products; then y += scale * (sum q*x - zero * sum x) in fp32 (the zero point folds
-// out exactly). A chunk's partial sums are folded into a per-warp row in shared memory, so the two
-// matrices of a gate/up pair can alternate chunk by chunk.
+// Int4 inner loop: integer dot products. The staged input x is int16 in blocks of 32 (x = xi * xs, xs a
+// power of two per block). A lane loads 16 bytes = 16 columns x 2 k; with the binding's paired nibbles one
+// AND per 4 columns lines up each column's two weights with the pair (xi[2r], xi[2r+1]), and one DP2A adds
+// their products to the column's int32 sum, exactly. After its 16 k the lane folds once per column,
+// y += scale * xs * (sum q*xi - zero * sum xi) in fp32 (the zero point folds out exactly). A chunk's
+// partial sums are folded into a per-warp row in shared memory, so the two matrices of a gate/up pair can
+// alternate chunk by chunk.
 //
 // Dimensions arrive as -D from the task (HIDDEN, KDA_H, ...); knobs below are tuned by the agent
 // (declared in the order the tuner should try them: work split first, launch shape last).
@@ -58,6 +60,8 @@
 #include <cuda_fp16.h>
 
 // ================================ dimensions and layout ================================
+
+MK_PAIRED_NIBBLES   // the binding pairs each w_q word's nibbles as gemv_chunk's DP2A reads them
 
 #ifndef SKIP_ATTN
 #define SKIP_ATTN 0
@@ -143,15 +147,19 @@ constexpr int CHUNK_GROUPS = (CHUNK_ROWS + GROUP_ROWS - SLAB - 1) / GROUP_ROWS +
 constexpr size_t RING_W_BYTES = (size_t)CHUNK_ROWS * TILE;               // packed weights of one chunk
 constexpr size_t RING_G_BYTES = 2 * (size_t)TILE;                         // one group's bf16 scales (or zeros)
 constexpr size_t RING_SLOT = RING_W_BYTES + 2 * CHUNK_GROUPS * RING_G_BYTES;
-constexpr size_t SM_XH = 0;                                               // half[X_MAX]
-constexpr size_t SM_RED = SM_XH + 2 * (size_t)X_MAX;                      // float[2][WARPS][TILE]: a unit's per-warp sums
+constexpr int XBLK = 2 * SLAB;                                            // x elements per int16 scale (a slab's k)
+constexpr size_t SM_XI = 0;                                               // short[X_MAX]: x as int16 ...
+constexpr size_t SM_XS = SM_XI + 2 * (size_t)X_MAX;                       // float[X_MAX / XBLK]: ... times these
+constexpr size_t SM_RED = SM_XS + 4 * (size_t)(X_MAX / XBLK);             // float[2][WARPS][TILE]: a unit's per-warp sums
 constexpr size_t SM_SUMS = SM_RED + 4 * 2 * (size_t)WARPS * TILE;         // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
 constexpr size_t SM_JOBS = SM_MISC + ((256 + 8 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
 constexpr size_t JOBS_BYTES = 2048;
 constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
 constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
-static_assert(X_MAX % 8 == 0 && HIDDEN % 8 == 0, "16-byte staging loads");
+static_assert(X_MAX % XBLK == 0 && HIDDEN % XBLK == 0 && MOE_INTER % XBLK == 0, "whole int16 x blocks");
+static_assert(C_KDA % (4 * XBLK) == 0 && MLA_O_K % (4 * XBLK) == 0, "stage_floats: whole warps");
+static_assert(2 * HIDDEN <= 4 * WARPS * TILE, "the fp16 copy of a staged rmsnorm fits the second half of red");
 constexpr int P_STRIDE = ATT_TT + 8;                                      // bf16
 constexpr int KEY_STRIDE = ATT_K + 8;                                     // bf16: a token's latent row, then its roped key
 constexpr int SC_STRIDE = ATT_TT + 8;                                     // floats; rows 8 banks apart
@@ -207,28 +215,6 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) { out[2 * i] = bf16_lo(w[i]); out[2 * i + 1] = bf16_hi(w[i]); }
-}
-
-__device__ __forceinline__ __half2 u32_as_half2(unsigned v) {
-  __half2 h;
-  memcpy(&h, &v, sizeof(h));
-  return h;
-}
-// Int4 -> exact fp16 pairs with one LOP3 each (the integer pipe runs at half the FP16 rate, and the old
-// shift + AND + OR per pair made the GEMV phases issue-bound there): (v & mask) | 0x6400 is 1024 + q
-// for the nibble at bits 0-3 (and 16-19), 1024 + 16q for the one at bits 4-7; a HSUB2 or a HFMA2 by
-// 1/16 then gives q exactly. Only the upper byte of each half needs a shift.
-__device__ __forceinline__ unsigned and_or(unsigned a, unsigned mask, unsigned bits) {
-  unsigned d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));   // (a & mask) | bits
-  return d;
-}
-__device__ __forceinline__ __half2 nibbles_lo(unsigned v) {   // bits 0-3 and 16-19
-  return __hsub2(u32_as_half2(and_or(v, 0x000F000Fu, 0x64006400u)), u32_as_half2(0x64006400u));
-}
-__device__ __forceinline__ __half2 nibbles_hi(unsigned v) {   // bits 4-7 and 20-23
-  return __hfma2(u32_as_half2(and_or(v, 0x00F000F0u, 0x64006400u)), u32_as_half2(0x2C002C00u),   // x 1/16
-                 u32_as_half2(0xD400D400u));                                                          // - 64
 }
 
 // Arrival counters. The block barrier before an arrival makes the other threads' writes part of its
@@ -324,8 +310,12 @@ __device__ __forceinline__ void ring_wait(const RingSync* rs, int slot) {
 struct Smem {
   unsigned char* base;
   RingSync* rs;
-  __device__ __half* xh() const { return reinterpret_cast<__half*>(base + SM_XH); }
+  __device__ short* xi() const { return reinterpret_cast<short*>(base + SM_XI); }
+  __device__ float* xs() const { return reinterpret_cast<float*>(base + SM_XS); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + SM_RED); }
+  // fp16 rmsnorm(x) * w for the dense bf16 rows (beta, router): the second half of red, which the
+  // unpaired projections that follow a staging never fold into, and the router's phase ends at a barrier
+  __device__ __half* xh() const { return reinterpret_cast<__half*>(base + SM_RED + 4 * WARPS * TILE); }
   __device__ float* sums() const { return reinterpret_cast<float*>(base + SM_SUMS); }
   __device__ int* flag() const { return reinterpret_cast<int*>(base + SM_MISC); }
   __device__ int* sel_e() const { return reinterpret_cast<int*>(base + SM_MISC + 16); }
@@ -403,11 +393,38 @@ __device__ __forceinline__ void mark_chunk(const Ctx& cx, int chunk, ChunkEvent 
 
 // ================================ staging the GEMV input ================================
 
-// x <- bf16(rmsnorm(src) * w), kept as fp16 (exact for bf16 values in the normal range). Every load
-// (16 bytes per 8 elements) is issued before the block reduction: one L2 round trip.
-__device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
+// The GEMV reads x as int16 in blocks of XBLK elements, x = xi * xs with xs a power of two that puts the
+// block's largest |x| just below 2^14 (a bf16 x is then exact down to 2^-6 of its block's largest, and the
+// rest is rounded at 2^-15 of it: finer than fp16 for the elements that carry the dot product; the spare
+// bit lets the rounding reach 2^14 and still fit). `bits`: an upper bound of the block's largest |x| as
+// float bits (an unsigned max, so Inf and NaN win): they make xs NaN, and so reach the output. Returns 1 / xs.
+__device__ __forceinline__ float x_block_scale(unsigned bits, float* xs) {
+  const int e = max((int)(bits >> 23), 14);                                            // |x| < 2^(e - 126)
+  *xs = e >= 255 ? __uint_as_float(0x7fc00000u) : __uint_as_float((unsigned)(e - 13) << 23);   // 2^(e - 140)
+  return __uint_as_float((unsigned)(267 - min(e, 254)) << 23);                                 // 2^(140 - e)
+}
+// round(v * inv) in the low 16 bits of a float: v * inv + 1.5 * 2^23 rounds once, to an integer (exact for
+// |v * inv| < 2^22; the block's scale keeps it under 2^14). Two of them make a pair with one PRMT.
+__device__ __forceinline__ unsigned x_int16_bits(float v, float inv) {
+  return __float_as_uint(fmaf(v, inv, 12582912.0f));
+}
+__device__ __forceinline__ unsigned x_int16_pair(float lo, float hi, float inv) {
+  return __byte_perm(x_int16_bits(lo, inv), x_int16_bits(hi, inv), 0x5410);
+}
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// x <- bf16(rmsnorm(src) * w) as int16 blocks, and as fp16 (exact for bf16 values in the normal range)
+// for the dense rows. Every load (16 bytes per 8 elements) is issued before the block reduction: one L2
+// round trip. A block's scale comes from a bound taken before the reduction, r * max|src * w| * (1 + 2^-6)
+// (r > 0 scales every element alike; the margin covers the roundings of y = bf16(src * r * w)), so no
+// exchange between threads follows it: four threads hold a block, and their maximum is exchanged while
+// the block reduction's loads are in flight anyway. Both stagings are out of line (Smem by value): inlined,
+// they left the kernel body's register allocation spilling (32-250 bytes, by variant).
+__device__ __noinline__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem sm) {
   constexpr int V = HIDDEN / 8, PER = (V + THREADS - 1) / THREADS;
+  static_assert(V % (XBLK / 8) == 0, "stage_rmsnorm: whole x blocks");
   uint4 xv[PER], wv[PER];
+  unsigned top[PER];
   float ss = 0.0f;
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
@@ -417,48 +434,93 @@ __device__ void stage_rmsnorm(const bf16* src, const bf16* w, const Smem& sm) {
       xv[i] = __ldcg(reinterpret_cast<const uint4*>(src) + v);
       wv[i] = __ldg(reinterpret_cast<const uint4*>(w) + v);
     }
-    float f[8];
+    float f[8], g[8];
     unpack8(xv[i], f);
+    unpack8(wv[i], g);
+    top[i] = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) ss += f[j] * f[j];
+    for (int j = 0; j < 8; ++j) { ss += f[j] * f[j]; top[i] = max(top[i], abs_bits(f[j] * g[j])); }
+#pragma unroll
+    for (int o = 1; o < XBLK / 8; o <<= 1) top[i] = max(top[i], __shfl_xor_sync(0xffffffffu, top[i], o));
   }
   const float r = 1.0f / sqrtf(block_sum(ss, sm.red()) / HIDDEN + RMS_EPS);
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int v = threadIdx.x + i * THREADS;
     if (v < V) {
-      float f[8], g[8];
+      float f[8], g[8], xs;
       unpack8(xv[i], f);
       unpack8(wv[i], g);
-      __half2 h[4];
+      const float inv = x_block_scale(abs_bits(__uint_as_float(top[i]) * r * 1.015625f), &xs);
+      if (v % (XBLK / 8) == 0) sm.xs()[v / (XBLK / 8)] = xs;
+      uint4 q, h;
+      unsigned* qw = &q.x;
+      unsigned* hw = &h.x;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        h[j] = __halves2half2(__float2half_rn(bf16r(f[2 * j] * r * g[2 * j])),
-                              __float2half_rn(bf16r(f[2 * j + 1] * r * g[2 * j + 1])));
-      *reinterpret_cast<uint4*>(sm.xh() + 8 * v) = *reinterpret_cast<const uint4*>(h);
+      for (int j = 0; j < 4; ++j) {
+        const float lo = bf16r(f[2 * j] * r * g[2 * j]), hi = bf16r(f[2 * j + 1] * r * g[2 * j + 1]);
+        qw[j] = x_int16_pair(lo, hi, inv);
+        const __half2 hh = __halves2half2(__float2half_rn(lo), __float2half_rn(hi));
+        hw[j] = *reinterpret_cast<const unsigned*>(&hh);
+      }
+      *reinterpret_cast<uint4*>(sm.xi() + 8 * v) = q;
+      *reinterpret_cast<uint4*>(sm.xh() + 8 * v) = h;
     }
   }
   __syncthreads();
 }
 
-// x <- fp16(src[0..n)) for n % 4 == 0, 16-byte loads.
-__device__ void stage_floats(const float* src, int n, const Smem& sm) {
-#pragma unroll 4
-  for (int v = threadIdx.x; v < n / 4; v += THREADS) {
-    const float4 f = __ldcg(reinterpret_cast<const float4*>(src) + v);
-    __half2* dst = reinterpret_cast<__half2*>(sm.xh() + 4 * v);
-    dst[0] = __floats2half2_rn(f.x, f.y);
-    dst[1] = __floats2half2_rn(f.z, f.w);
+// x <- src[0..n) as int16 blocks for n % (4 * XBLK) == 0 (whole warps), every 16-byte load in flight
+// before the first block's maximum is exchanged (eight threads hold a block).
+__device__ __noinline__ void stage_floats(const float* src, int n, const Smem sm) {
+  constexpr int PER = (imax(C_KDA, MLA_O_K) / 4 + THREADS - 1) / THREADS;
+  float4 f[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = threadIdx.x + i * THREADS;
+    f[i] = v < n / 4 ? __ldcg(reinterpret_cast<const float4*>(src) + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const int v = threadIdx.x + i * THREADS;
+    if (v >= n / 4) break;   // whole warps
+    unsigned top = max(max(abs_bits(f[i].x), abs_bits(f[i].y)), max(abs_bits(f[i].z), abs_bits(f[i].w)));
+#pragma unroll
+    for (int o = 1; o < XBLK / 4; o <<= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    float xs;
+    const float inv = x_block_scale(top, &xs);
+    if (v % (XBLK / 4) == 0) sm.xs()[v / (XBLK / 4)] = xs;
+    *reinterpret_cast<uint2*>(sm.xi() + 4 * v) =
+        make_uint2(x_int16_pair(f[i].x, f[i].y, inv), x_int16_pair(f[i].z, f[i].w, inv));
   }
   __syncthreads();
 }
 
 // ================================ int4 GEMV core ================================
 
+// d = c + a.lo16 * b.byte0 + a.hi16 * b.byte1 (lo) or bytes 2, 3 (hi): two int16 activations times two
+// unsigned int8 weights, exact in int32.
+__device__ __forceinline__ int dp2a_lo(int a, unsigned b, int c) {
+  int d;
+  asm("dp2a.lo.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp2a_hi(int a, unsigned b, int c) {
+  int d;
+  asm("dp2a.hi.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 // acc (this lane's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
-// [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE).
+// [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE); x as int16 blocks (xi, xs).
+// The binding pairs each word's nibbles (MK_PAIRED_NIBBLES): the word of columns c..c+3 of packed row r
+// holds, byte by byte, (c, 2r) (c, 2r+1) (c+1, 2r) (c+1, 2r+1) in its low nibbles and the same of columns
+// c+2, c+3 in its high ones. So one AND per half word lines up a column's two weights with the int16 pair
+// (x[2r], x[2r+1]) for DP2A: the low nibbles as q, the high ones as 16q (scaled back in the fold). A lane
+// sums its 16 columns over its 16 k of the slab in int32 (at most 16 * 15 * 2^14 * 16 < 2^31), and
+// folds once: y += scale * xs * (sum q*xi - zero * sum xi), the zero point out exactly.
 __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
-                           const __half* xh, float* acc) {
+                           const short* xi, const float* xs, float* acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int seg = lane & 15, par = lane >> 4;
   const int slab = slab_begin + warp;
@@ -472,37 +534,40 @@ __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_
   const uint4* sp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + gi * RING_G_BYTES + seg * 32);
   const uint4* zp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + (CHUNK_GROUPS + gi) * RING_G_BYTES + seg * 32);
   const uint4 sraw[2] = {sp[0], sp[1]}, zraw[2] = {zp[0], zp[1]};   // 16 scales, 16 zeros (bf16)
-  __half2 a[8];
+  const float x_scale = xs[slab];                 // a slab's k is one x block
+  const int* xw = reinterpret_cast<const int*>(xi);
+  int a[16];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) a[j] = __float2half2_rn(0.0f);
-  float xsum = 0.0f;
+  for (int j = 0; j < 16; ++j) a[j] = 0;
+  int xsum = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int r = row0 + 2 * i;
-    const __half2 xp = *reinterpret_cast<const __half2*>(xh + 2 * r);
-    const __half2 xe = __low2half2(xp), xo = __high2half2(xp);
-    xsum += __low2float(xp) + __high2float(xp);
+    const int xp = xw[row0 + 2 * i];              // (x[2r], x[2r+1])
+    xsum = dp2a_lo(xp, 0x0101u, xsum);
     const unsigned v[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3; a[2j] = (4j, 4j+2), a[2j+1] = (4j+1, 4j+3)
-      const unsigned hi_bytes = v[j] >> 8;
-      a[2 * j] = __hfma2(nibbles_lo(v[j]), xe, a[2 * j]);
-      a[2 * j] = __hfma2(nibbles_hi(v[j]), xo, a[2 * j]);
-      a[2 * j + 1] = __hfma2(nibbles_lo(hi_bytes), xe, a[2 * j + 1]);
-      a[2 * j + 1] = __hfma2(nibbles_hi(hi_bytes), xo, a[2 * j + 1]);
+    for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3: a[4j], a[4j+1] from the low nibbles, 16x a[4j+2], a[4j+3]
+      const unsigned lo = v[j] & 0x0F0F0F0Fu, hi = v[j] & 0xF0F0F0F0u;
+      a[4 * j + 0] = dp2a_lo(xp, lo, a[4 * j + 0]);
+      a[4 * j + 1] = dp2a_hi(xp, lo, a[4 * j + 1]);
+      a[4 * j + 2] = dp2a_lo(xp, hi, a[4 * j + 2]);
+      a[4 * j + 3] = dp2a_hi(xp, hi, a[4 * j + 3]);
     }
   }
-  // y[col] += scale * (sum q*x - zero * sum x); word j of sraw/zraw holds columns 2j, 2j+1
+  // y[col] += scale * xs * (sum q*xi - zero * sum xi); word j of sraw/zraw holds columns 2j, 2j+1
   const unsigned sw[8] = {sraw[0].x, sraw[0].y, sraw[0].z, sraw[0].w, sraw[1].x, sraw[1].y, sraw[1].z, sraw[1].w};
   const unsigned zw[8] = {zraw[0].x, zraw[0].y, zraw[0].z, zraw[0].w, zraw[1].x, zraw[1].y, zraw[1].z, zraw[1].w};
+  const float xf = (float)xsum, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float2 f02 = __half22float2(a[2 * j]);
-    const float2 f13 = __half22float2(a[2 * j + 1]);
-    acc[4 * j + 0] += bf16_lo(sw[2 * j]) * (f02.x - bf16_lo(zw[2 * j]) * xsum);
-    acc[4 * j + 1] += bf16_hi(sw[2 * j]) * (f13.x - bf16_hi(zw[2 * j]) * xsum);
-    acc[4 * j + 2] += bf16_lo(sw[2 * j + 1]) * (f02.y - bf16_lo(zw[2 * j + 1]) * xsum);
-    acc[4 * j + 3] += bf16_hi(sw[2 * j + 1]) * (f13.y - bf16_hi(zw[2 * j + 1]) * xsum);
+    acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)a[4 * j + 0]),
+                          acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)a[4 * j + 1]),
+                          acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)a[4 * j + 2]),
+                          acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)a[4 * j + 3]),
+                          acc[4 * j + 3]);
   }
 }
 
@@ -812,7 +877,7 @@ __device__ __noinline__ void issue_first(const Job* jobs, const Smem sm) {
   __syncthreads();       // the fill counts are visible to every waiter
 }
 
-// x[off + k0, off + k0 + n) <- fp16(silu(gate) * up), gate and up each the sum of `parts` K-slice
+// x[off + k0, off + k0 + n) <- silu(gate) * up as int16 blocks, gate and up each the sum of `parts` K-slice
 // partials ([parts][2][MOE_INTER]) in slot order (deterministic). One (matrix, 4 columns) item per
 // thread with SUM_BATCH loads in flight; the sums meet in `red`, free between a block's units.
 __device__ void stage_swiglu(const float* part, int parts, int k0, int n, const Smem& sm, int off) {
@@ -834,7 +899,16 @@ __device__ void stage_swiglu(const float* part, int parts, int k0, int n, const 
     *reinterpret_cast<float4*>(sums + m * n + c) = tot;
   }
   __syncthreads();
-  for (int k = threadIdx.x; k < n; k += THREADS) sm.xh()[off + k0 + k] = __float2half_rn(silu(sums[k]) * sums[n + k]);
+  for (int k = threadIdx.x; k < n; k += THREADS) {   // n and k0 + off are whole blocks: a warp holds one
+    const float y = silu(sums[k]) * sums[n + k];
+    unsigned top = abs_bits(y);
+#pragma unroll
+    for (int o = 1; o < XBLK; o <<= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    float xs;
+    const float inv = x_block_scale(top, &xs);
+    if (k % XBLK == 0) sm.xs()[(off + k0 + k) / XBLK] = xs;
+    sm.xi()[off + k0 + k] = (short)x_int16_bits(y, inv);
+  }
   __syncthreads();
 }
 
@@ -869,7 +943,8 @@ __device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem 
     const Job& jb = jobs[c.job()];
     const int tile = c.tile(), split = c.split();
     if (jb.ready && c.slab == c.s0() && c.m() == 0) await_input(jb, c, sm);
-    gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, c.s1()), sm.xh() + jb.x_off, acc);
+    gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, c.s1()), sm.xi() + jb.x_off,
+               sm.xs() + jb.x_off / XBLK, acc);
     fold_chunk(acc, sm.red() + (c.m() * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == c.s0());
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
     __syncthreads();   // the slot is read, the folds are visible
@@ -1079,8 +1154,11 @@ struct AbsorbRow {
     unpack8(__ldg(reinterpret_cast<const uint4*>(W.zr + gcol + 8)), z + 8);
     v[0] = wv.x; v[1] = wv.y; v[2] = wv.z; v[3] = wv.w;
   }
-  __device__ float lo(int i) const { return (float)((v[i / 4] >> (8 * (i % 4))) & 0xfu); }
-  __device__ float hi(int i) const { return (float)((v[i / 4] >> (8 * (i % 4) + 4)) & 0xfu); }
+  // paired nibbles (gemv_chunk): column i's weight for latent 2r at bit 16 (i & 1) + 4 ((i >> 1) & 1) of its
+  // word, the one for 2r + 1 eight bits above
+  __device__ static int shift(int i) { return 16 * (i & 1) + 4 * ((i >> 1) & 1); }
+  __device__ float lo(int i) const { return (float)((v[i / 4] >> shift(i)) & 0xfu); }
+  __device__ float hi(int i) const { return (float)((v[i / 4] >> (shift(i) + 8)) & 0xfu); }
 };
 
 // q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).

@@ -14,6 +14,12 @@ its 16-byte column chunk c at position c ^ (r & WEIGHT_SWIZZLE_MASK), so MMA fra
 read the same columns of neighbouring rows, hit distinct shared-memory bank groups. The binding reads
 the kernel's `kimi_weight_swizzle` (absent: 0) once, when it loads the kernel, and lays w_q out to match;
 scales and zeros never move.
+
+A kernel may ask for w_q's nibbles paired by writing MK_PAIRED_NIBBLES once (`kimi_weight_nibbles` = 1): in
+each 4-byte word (columns c..c+3 of packed row r, k = 2r in the low nibble, 2r+1 in the high one) the bytes
+then hold (c, 2r | c+2, 2r) (c, 2r+1 | c+2, 2r+1) (c+1, 2r | c+3, 2r) (c+1, 2r+1 | c+3, 2r+1), low | high
+nibble: one AND lines a column's two weights up in adjacent bytes, as integer dot products (DP2A) read them.
+It composes with the swizzle (that moves whole 16-byte chunks).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ ENTRY = "kimi_decode_step"
 WEIGHT_TILE = 256  # output columns per tile of the tile-major weight layout (the kernel's MK_WEIGHT_TILE)
 WEIGHT_SWIZZLE_MASK = 6   # swizzled w_q: row r's 16-byte chunk c sits at c ^ (r & mask) (MK_WEIGHT_SWIZZLE_MASK)
 WEIGHT_SWIZZLE_SYMBOL = "kimi_weight_swizzle"   # the kernel's declaration (MK_SWIZZLED_WEIGHTS): 1 = swizzled
-DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL]          # what a Kimi kernel may declare about itself (read at load)
+WEIGHT_NIBBLES_SYMBOL = "kimi_weight_nibbles"   # the kernel's declaration (MK_PAIRED_NIBBLES): 1 = paired
+DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL, WEIGHT_NIBBLES_SYMBOL]   # what a Kimi kernel may declare about itself
 
 # (name, C type, count). Pointers are 8 bytes on both sides; ints come last so no padding differs.
 QW_FIELDS = [("wq", "const unsigned char*", 1), ("sc", "const bf16*", 1), ("zr", "const bf16*", 1)]
@@ -69,6 +76,9 @@ def c_header(num_layers: int) -> str:
         "// 16-byte column chunk c at chunk position c ^ (r & MK_WEIGHT_SWIZZLE_MASK) (sc and zr never move).",
         f"#define MK_WEIGHT_SWIZZLE_MASK {WEIGHT_SWIZZLE_MASK}",
         f'#define MK_SWIZZLED_WEIGHTS extern "C" __device__ unsigned long long {WEIGHT_SWIZZLE_SYMBOL} = 1;',
+        "// A kernel that writes MK_PAIRED_NIBBLES once gets each 4-byte wq word (columns c..c+3, k = 2r, 2r+1)",
+        "// with bytes (c,2r | c+2,2r) (c,2r+1 | c+2,2r+1) (c+1,2r | c+3,2r) (c+1,2r+1 | c+3,2r+1), low | high nibble.",
+        f'#define MK_PAIRED_NIBBLES extern "C" __device__ unsigned long long {WEIGHT_NIBBLES_SYMBOL} = 1;',
         c_struct("QW", QW_FIELDS),
         c_struct("LayerParams", LAYER_FIELDS),
         c_struct("KimiParams", param_fields(num_layers)),

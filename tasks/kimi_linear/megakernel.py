@@ -36,6 +36,7 @@ from .abi import (
     DECLARATIONS,
     ENTRY,
     NUM_PROJ,
+    WEIGHT_NIBBLES_SYMBOL,
     WEIGHT_SWIZZLE_MASK,
     WEIGHT_SWIZZLE_SYMBOL,
     WEIGHT_TILE,
@@ -161,11 +162,13 @@ class MegakernelModel(KimiBlocks):
         if size != ctypes.sizeof(ptype):
             raise KernelContractError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
-        swizzle = self._kernel.declared.get(WEIGHT_SWIZZLE_SYMBOL, 0)
-        if swizzle not in (0, 1):
-            raise KernelContractError(
-                f"the kernel's {WEIGHT_SWIZZLE_SYMBOL} is {swizzle}: 0 or 1 (MK_SWIZZLED_WEIGHTS)")
-        swizzled = swizzle == 1
+        declarations = ((WEIGHT_SWIZZLE_SYMBOL, "MK_SWIZZLED_WEIGHTS"), (WEIGHT_NIBBLES_SYMBOL, "MK_PAIRED_NIBBLES"))
+        for symbol, macro in declarations:
+            value = self._kernel.declared.get(symbol, 0)
+            if value not in (0, 1):
+                raise KernelContractError(f"the kernel's {symbol} is {value}: 0 or 1 ({macro})")
+        layout = WqLayout(swizzled=self._kernel.declared.get(WEIGHT_SWIZZLE_SYMBOL, 0) == 1,
+                          paired=self._kernel.declared.get(WEIGHT_NIBBLES_SYMBOL, 0) == 1)
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -176,15 +179,15 @@ class MegakernelModel(KimiBlocks):
                 else [blk.attn.q_proj, blk.attn.kv_a, blk.attn.kv_b, blk.attn.o_proj]
             )
             for j, lin in enumerate(projs[:NUM_PROJ]):
-                self._set_qw(lp.proj[j], lin, swizzled)
+                self._set_qw(lp.proj[j], lin, layout)
             if blk.kind == "K":
                 lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
                 lp.conv_w = blk.attn.conv_w.data_ptr()
             lp.router_w = blk.moe.router.weight.data_ptr()
             for j, ex in enumerate((blk.moe.gate, blk.moe.up, blk.moe.down)):
-                self._set_qw(lp.expert[j], ex, swizzled)
+                self._set_qw(lp.expert[j], ex, layout)
             for j, ex in enumerate((blk.moe.s_gate, blk.moe.s_up, blk.moe.s_down)):
-                self._set_qw(lp.shared[j], ex, swizzled)
+                self._set_qw(lp.shared[j], ex, layout)
         c = self._kernel.contract
         self._scratch = torch.full((c.scratch_bytes,), 0xFF, dtype=torch.uint8, device=device)  # NaN floats
         self._counters = torch.zeros((max(c.counter_words, 1),), dtype=torch.int32, device=device)
@@ -203,10 +206,11 @@ class MegakernelModel(KimiBlocks):
         self._stream = stream_getter(device)
         self._launcher = CooperativeLauncher(self._kernel, p)
 
-    def _set_qw(self, dst, mod, swizzled: bool) -> None:
-        """Point `dst` at tile-major copies of one quantized weight's w_q (`swizzled`: as a kernel that declares
-        MK_SWIZZLED_WEIGHTS reads it), scales and zeros."""
-        tiled = [tile_major(mod.w_q, swizzled=swizzled), tile_major(mod.scales), tile_major(mod.zeros)]
+    def _set_qw(self, dst, mod, layout: WqLayout) -> None:
+        """Point `dst` at tile-major copies of one quantized weight's w_q (in the `layout` the kernel declared),
+        scales and zeros."""
+        w_q = tile_major(mod.w_q, swizzled=layout.swizzled)
+        tiled = [pair_nibbles(w_q) if layout.paired else w_q, tile_major(mod.scales), tile_major(mod.zeros)]
         self._tiled += tiled
         dst.wq, dst.sc, dst.zr = (t.data_ptr() for t in tiled)
 
@@ -367,6 +371,26 @@ class MegakernelModel(KimiBlocks):
             raise ValueError(f"out must be a contiguous, 16-byte aligned bf16 vector of {self.cfg.hidden} on "
                              f"{self._ring[0].device}")
         return out.data_ptr()
+
+
+@dataclass(frozen=True)
+class WqLayout:
+    """How the kernel asked for w_q's tiles: rows swizzled (MK_SWIZZLED_WEIGHTS), nibbles paired (MK_PAIRED_NIBBLES)."""
+
+    swizzled: bool = False
+    paired: bool = False
+
+
+def pair_nibbles(t: torch.Tensor) -> torch.Tensor:
+    """(..., cols) packed uint8, cols % 4 == 0 -> the same with each 4-byte word's nibbles paired (abi.py): bytes
+    (c,2r | c+2,2r) (c,2r+1 | c+2,2r+1) (c+1,2r | c+3,2r) (c+1,2r+1 | c+3,2r+1) from (c+i: 2r | 2r+1)."""
+    if t.dtype != torch.uint8 or t.shape[-1] % 4:
+        raise ValueError(f"paired nibbles need uint8 rows of whole 4-byte words, got {t.dtype} {tuple(t.shape)}")
+    w = t.view(*t.shape[:-1], -1, 4)
+    lo, hi = w & 0xF, w >> 4
+    paired = torch.stack((lo[..., 0] | lo[..., 2] << 4, hi[..., 0] | hi[..., 2] << 4,
+                          lo[..., 1] | lo[..., 3] << 4, hi[..., 1] | hi[..., 3] << 4), dim=-1)
+    return paired.view(t.shape).contiguous()
 
 
 def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE, swizzled: bool = False) -> torch.Tensor:
