@@ -52,7 +52,7 @@ from megakernel_agent.tasks.cuda_runtime import (  # noqa: E402
 SOURCE = Path(__file__).with_suffix(".cu")
 THREADS, BLOCKS_PER_SM, TILE, MAX_GROUP = 256, 2, 256, 16
 # the seed's GEMV carve at the full config (SM_GEMV_BYTES in kernels/kimi_linear/seed.cu)
-SEED_DYN_SMEM = 111360
+SEED_DYN_SMEM = 112512
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 MODES = {"L2": 0, "pull": 1, "push": 2, "barrier": 3, "none": 4, "atomic": 5}

@@ -1,7 +1,7 @@
-"""Compute-only cost of the int4 GEMV inner loop: the seed's fp16-FMA loop against mma.sync tensor cores.
+"""Compute-only cost of the int4 GEMV inner loop: the seed's former fp16-FMA loop against mma.sync tensor cores.
 
 Issue 28, step 1 (probe first). scripts/tc_gemv_probe.cu holds five loops and says how each works:
-- the seed's fp16-FMA loop;
+- the seed's fp16-FMA loop (the seed's until 2026-12-06; it now uses DP2A on int16 x, see chunk_probe.py);
 - tensor cores on an MMA-native weight layout (tc_probe: the binding would write it);
 - tensor cores on the seed's own ring layout (tile_probe: no new layout, one PRMT more per MMA; its row
   loads conflict 4-way in shared memory);

@@ -160,6 +160,7 @@ constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
 static_assert(X_MAX % XBLK == 0 && HIDDEN % XBLK == 0 && MOE_INTER % XBLK == 0, "whole int16 x blocks");
 static_assert(C_KDA % (4 * XBLK) == 0 && MLA_O_K % (4 * XBLK) == 0, "stage_floats: whole warps");
 static_assert(2 * HIDDEN <= 4 * WARPS * TILE, "the fp16 copy of a staged rmsnorm fits the second half of red");
+static_assert(SM_XS % 16 == 0 && SM_RED % 16 == 0, "16-byte accesses to x and red");
 constexpr int P_STRIDE = ATT_TT + 8;                                      // bf16
 constexpr int KEY_STRIDE = ATT_K + 8;                                     // bf16: a token's latent row, then its roped key
 constexpr int SC_STRIDE = ATT_TT + 8;                                     // floats; rows 8 banks apart

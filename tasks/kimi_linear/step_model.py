@@ -46,7 +46,10 @@ class MachineModel(BaseModel):
     """Costs the model charges, µs unless named otherwise; defaults from the H200 probes and the seed's stamps
     (BENCHMARKS.md, 2026-12-05). Each one is a what-if handle: `compute_scale` 0.73 is the tensor-core loop's
     measured 1.37x, `barrier_us` 0 a grid with free barriers. The stamp-derived figures came from builds with
-    the in-phase events on, which ran the step ~7% slower (BENCHMARKS.md, twenty-fourth session); not refitted."""
+    the in-phase events on, which ran the step ~7% slower (BENCHMARKS.md, twenty-fourth session); not refitted.
+    The compute figures are the seed's fp16-FMA loop's. Its DP2A loop (ff8d6cb) computes a chunk in 0.62x the time
+    on the H100's chunk probe, yet compute_scale 0.62 predicts 4x the step gain measured (BENCHMARKS.md, thirtieth
+    session): refit on an H200 chunk probe before trusting compute what-ifs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -123,7 +126,7 @@ class WhatIf(BaseModel):
 
 ZERO_FINISH = {f: 0.0 for f in Finish}
 WHAT_IFS = (
-    WhatIf(key="tc-mma", label="tensor-core inner loop (mma.sync probe: 1.37x per chunk)",
+    WhatIf(key="tc-mma", label="tensor-core inner loop (mma.sync probe: 1.37x the fp16 loop per chunk)",
            machine={"compute_scale": 1 / 1.37}),
     WhatIf(key="loop-2x", label="inner loop twice as fast", machine={"compute_scale": 0.5}),
     WhatIf(key="compute-free", label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",

@@ -25,7 +25,7 @@ SUM_BATCH = 10              # partial-sum loads a finishing thread keeps in flig
 class Staging(str, Enum):
     """What a block does between its release and its first chunk step."""
 
-    RMSNORM = "rmsnorm"     # stage rmsnorm(x) * weight as fp16 (KDA / MLA projections)
+    RMSNORM = "rmsnorm"     # stage rmsnorm(x) * weight as int16 blocks, fp16 for dense rows (KDA / MLA)
     FLOATS = "floats"       # stage the attention output (output projections)
     ROUTE = "route"         # top-k from the router logits, the routed job table, the first issue
 
