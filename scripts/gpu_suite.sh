@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -116,6 +116,11 @@ for step in "$@"; do
     host) timeout 300 python3 scripts/kimi_host_cost.py --apis 2>&1 | tee "$OUT/host.log" ;;
     probe) timeout 120 python3 scripts/stream_probe.py 2>&1 | tee "$OUT/probe.log" ;;
     tcprobe) timeout 120 python3 scripts/tc_gemv_probe.py 2>&1 | tee "$OUT/tc_probe.log" ;;   # issue 28, step 1
+    chunkprobe)  # one ring chunk step of the seed's GEMV, and of the seed with its fp16 loop (the model's figures)
+      k=$(patched traces/examples/kimi-dp2a/seed-fp16-loop.patch seed-fp16-loop) || { echo "patch failed"; continue; }
+      for f in kernels/kimi_linear/seed.cu "$k"; do
+        timeout 120 python3 scripts/chunk_probe.py "$f" 2>&1 | tee -a "$OUT/chunk_probe.log"
+      done ;;
     tctile)  # issue 28, step 1 in the seed: the inner loop on tensor cores over the ring's own layout
       timeout 120 python3 scripts/tc_gemv_probe.py 2>&1 | tee "$OUT/tc_probe.log"
       k=$(patched traces/examples/kimi-tc-tile/seed-tc-tile.patch seed-tc-tile) || { echo "patch failed"; continue; }
