@@ -12,12 +12,14 @@
 // projections follow a block's gate/up units directly. A GEMV phase is a list of jobs; a job's output
 // columns are cut into 256-wide tiles and its input into KSPLIT slices; a block computes one (tile,
 // slice) unit with all its warps, writes the partial, and the last block to finish a tile (arrival
-// counter) sums the partials in a fixed order and runs the tile's epilogue (RoPE, cache row, residual).
+// counter) sums the partials in a fixed order and runs the tile's epilogue (RoPE, cache row). The
+// output and down projections add their partials into a fixed-point accumulator in L2 instead (integer
+// atomics), so their last arrival reads one total per column with the residual it adds it to.
 // Two projections leave the sum to their consumer instead, which takes the finish of a tile off the
 // critical path: the KDA delta rule sums the q/k/v/g partials of its head (and applies the conv and
 // the decay), and a down unit waits until every K slice of the gate/up tiles its own K slice reads has
 // arrived, then sums their partials and applies SwiGLU as it stages its input.
-// Deterministic: no float atomics anywhere.
+// Deterministic: no float atomics anywhere (integer sums do not depend on the order of arrival).
 //
 // Weight stream: a block's units are cut into chunks (one 16-row slab per warp) that the TMA engine
 // copies (cp.async.bulk, three copies per chunk from the binding's tile-major layout, an mbarrier per
@@ -119,9 +121,7 @@ constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l
 constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t GU_PART_FLOATS = (size_t)(N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER;
-constexpr size_t SPLITK_FLOATS = (size_t)imax(   // gate/up and down run at once: their partials lie apart
-    imax(KSPLIT_MLA * (MLA_Q_N + KVA_N), KSPLIT_O * HIDDEN),
-    (int)(GU_PART_FLOATS + (size_t)N_SLOTS * KSPLIT_DOWN * HIDDEN));
+constexpr size_t SPLITK_FLOATS = (size_t)imax(KSPLIT_MLA * (MLA_Q_N + KVA_N), (int)GU_PART_FLOATS);
 constexpr size_t OFF_STAMPS = OFF_SPLITK + SPLITK_FLOATS;                 // u64[MAX_STAMPS][MAX_STAMP_BLOCKS]
 constexpr int MAX_STAMPS = 128, MAX_STAMP_BLOCKS = 1024, N_EVENTS = 4 + 3 * 6;   // see Event
 constexpr size_t OFF_EVENTS = OFF_STAMPS + 2 * (size_t)MAX_STAMPS * MAX_STAMP_BLOCKS;   // u64[MAX_STAMPS/2][N_EVENTS][blocks]
@@ -131,11 +131,14 @@ constexpr int ABSORB_ROWS = (KV_LORA / 2) / ABSORB_PARTS;                 // pac
 static_assert((KV_LORA / 2) % ABSORB_PARTS == 0 && ABSORB_PARTS * MLA_O_K <= SPLITK_FLOATS, "absorb parts");
 static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V_HEAD / 16)) == 0 &&
               GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
-// Counters: the tile counters of the phase that runs (MLA project, output or down projection) from 0,
-// then one per MLA head (merge), then per (slot, tile) the gate/up arrivals, then the grid barrier's.
+// Counters (zeroed by the binding once): the tile counters of the phase that runs (MLA project, output
+// or down projection) from 0, then one per MLA head (merge), then per (slot, tile) the gate/up arrivals,
+// then the fixed-point accumulator of the output and down projections (HIDDEN u64: see acc_add, zero
+// between phases), then the grid barrier's.
 constexpr int CNT_MERGE = imax(tiles_of(MLA_Q_N) + tiles_of(KVA_N), tiles_of(HIDDEN));
 constexpr int CNT_GATE_UP = CNT_MERGE + MLA_H;   // per (slot, tile): gate/up K slices arrived (down waits on them)
-constexpr int COUNTER_WORDS = CNT_GATE_UP + N_SLOTS * tiles_of(MOE_INTER) + 32;
+constexpr int CNT_ACC = (CNT_GATE_UP + N_SLOTS * tiles_of(MOE_INTER) + 3) / 4 * 4;   // 16-byte aligned
+constexpr int COUNTER_WORDS = CNT_ACC + 2 * HIDDEN + 32;
 static_assert(N_SLOTS * tiles_of(MOE_INTER) <= THREADS, "one clearing thread per gate/up counter");
 constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
 
@@ -216,6 +219,26 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) { out[2 * i] = bf16_lo(w[i]); out[2 * i + 1] = bf16_hi(w[i]); }
+}
+
+// Split-K sums of the output and down projections add into a fixed-point accumulator in units of 2^-22:
+// integer addition is associative, so the total does not depend on the order of arrival (the protocol
+// runs a step twice and wants the same bits), and the tile's last arrival reads one total per column
+// instead of every unit's partial. A partial of magnitude 2^22 or more, or not finite, adds ACC_POISON
+// instead, and a total that holds one reads back as NaN: legal partials (< 2^44 units, at most
+// ACC_MAX_PARTS of them) stay below 2^51 in total, and up to ACC_MAX_PARTS poisons (2^54 each) neither
+// wrap nor cancel below 2^53.
+constexpr float ACC_ONE = 4194304.0f;                    // 2^22 units per 1.0
+constexpr long long ACC_POISON = 1ll << 54;
+constexpr int ACC_MAX_PARTS = 128;
+__device__ __forceinline__ void acc_add(unsigned long long* a, float v) {
+  const float u = v * ACC_ONE;
+  const long long q = fabsf(u) < ACC_ONE * ACC_ONE ? __float2ll_rn(u) : ACC_POISON;   // NaN fails the test too
+  atomicAdd(a, (unsigned long long)q);
+}
+__device__ __forceinline__ float acc_value(unsigned long long a) {
+  const long long s = (long long)a;
+  return s < ACC_POISON / 2 && s > -ACC_POISON / 2 ? __ll2float_rn(s) * (1.0f / ACC_ONE) : __int_as_float(0x7fffffff);
 }
 
 // Arrival counters. The block barrier before an arrival makes the other threads' writes part of its
@@ -344,6 +367,7 @@ struct Ctx {
   __device__ float* qeff() const { return scratch + OFF_QEFF; }
   __device__ float* apart() const { return scratch + OFF_APART; }
   __device__ float* splitk() const { return scratch + OFF_SPLITK; }
+  __device__ unsigned long long* acc() const { return reinterpret_cast<unsigned long long*>(counters + CNT_ACC); }
 };
 
 // Profiling (PHASE_STAMPS 2): events inside a GEMV phase, stamped by thread 0 (the first four right after a
@@ -626,10 +650,11 @@ struct Job {
   int K, N, ksplit;
   int x_off;           // offset of this job's input in the staged x
   float weight;        // scales this job's partials (routed expert weight)
-  int slot0, nslots;   // partial slots [slot0, slot0+ksplit) of `nslots` feeding the same tiles
-  float* part;         // [nslots][1 + paired][N]
+  int nslots;          // K-slice arrivals that complete a tile
+  float* part;         // [nslots][1 + paired][N] (null with acc)
   unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
   int epi;
+  unsigned long long* acc;   // or null: the fixed-point accumulator [N] the units add into (EPI_RESIDUAL, EPI_MOE_OUT)
   const unsigned* ready;   // null, or per 256-wide tile of the input: arrivals of its producer's units
   int ready_count;         // arrivals that complete an input tile (the producer's K slices)
   const float* gu_part;    // with `ready`: the producer's gate/up partials [ready_count][2][MOE_INTER];
@@ -660,11 +685,11 @@ __device__ Job make_job(Mat a, int K, int N, int ksplit, float* part, unsigned* 
   j.ksplit = ksplit;
   j.x_off = 0;
   j.weight = 1.0f;
-  j.slot0 = 0;
   j.nslots = ksplit;
   j.part = part;
   j.count = count;
   j.epi = epi;
+  j.acc = nullptr;
   j.ready = nullptr;
   j.ready_count = 0;
   j.gu_part = nullptr;
@@ -695,12 +720,6 @@ __device__ void epilogue(const Job& jb, int tile, const Ctx& cx, const Smem& sm)
   if (on) {
     const float a = sums[t];
     switch (jb.epi) {
-      case EPI_RESIDUAL:
-        cx.p->hidden_out[n] = __float2bfloat16_rn(ld_bf16(cx.resid + n) + bf16r(a));
-        break;
-      case EPI_MOE_OUT:
-        cx.p->hidden_out[n] = __float2bfloat16_rn(ld_bf16(cx.p->hidden_out + n) + bf16r(a));
-        break;
       case EPI_MLA_Q: {
         const int h = n / MLA_QK, d = n % MLA_QK;
         if (d < QK_NOPE) {
@@ -729,7 +748,7 @@ __device__ void epilogue(const Job& jb, int tile, const Ctx& cx, const Smem& sm)
 
 // sums[m*TILE + t] = sum over the tile's partial slots (fixed order: deterministic). A thread owns 4
 // columns of one matrix and every P-th slot, with SUM_BATCH loads in flight at a time (one batch covers
-// the default knobs' slots: 9 per thread in down and the shared expert); the P per-thread sums are then
+// SUM_BATCH * P slots, the MLA projections' at every KSPLIT_MLA value); the P per-thread sums are then
 // added in order. Reading the slots one dependent batch at a time cost ~5 µs for 36 slots.
 constexpr int SUM_BATCH = 10;
 __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
@@ -764,12 +783,47 @@ __device__ void sum_partials(const Job& jb, int col0, float* sums, float* red) {
   __syncthreads();
 }
 
+// A unit's arrival at its tile, after a block barrier: thread 0's acq_rel counter atomic (the release
+// covers the block's writes through the barrier; the block barrier after it passes the acquire on).
+// True, in every thread, for the tile's last arrival, which resets the counter for the next phase (its
+// units are past a grid barrier).
+__device__ bool last_arrival(const Job& jb, int tile, const Smem& sm) {
+  if (threadIdx.x == 0) {
+    const bool last = atomic_add_acq_rel(jb.count + tile, 1u) == (unsigned)(jb.nslots - 1);
+    if (last) jb.count[tile] = 0u;
+    *sm.flag() = last;
+  }
+  __syncthreads();
+  return *sm.flag();
+}
+
+// The residual adds of the output and down projections: a unit adds its partial into the accumulator;
+// the tile's last arrival loads each column's total and residual at once (one round trip, where the
+// partial sums and then the residual took two), writes hidden_out = bf16(residual + bf16(total)) and
+// zeroes the column for the next phase.
+__device__ void finish_accumulated(const Job& jb, int tile, const Ctx& cx, const Smem& sm) {
+  const int n = tile * TILE + threadIdx.x;
+  const bool on = threadIdx.x < TILE && n < jb.N;
+  if (on) acc_add(jb.acc + n, sm.sums()[threadIdx.x] * jb.weight);
+  __syncthreads();
+  if (!last_arrival(jb, tile, sm)) return;
+  if (on) {
+    const float resid = ld_bf16((jb.epi == EPI_RESIDUAL ? cx.resid : cx.p->hidden_out) + n);
+    const float total = acc_value(__ldcg(jb.acc + n));
+    jb.acc[n] = 0ull;
+    cx.p->hidden_out[n] = __float2bfloat16_rn(resid + bf16r(total));
+  }
+  __syncthreads();
+}
+
 // Publish this unit's partial; the last unit of the tile sums all partials and runs the epilogue.
-// Arrival: every thread's partial store, a block barrier, then thread 0's acq_rel counter atomic
-// (the release covers the block's stores through the barrier; the same holds for the acquire side).
 // EPI_PARTIALS jobs stop at the arrival (a release; none where the consumer is past a grid barrier):
-// their consumer sums the partials itself.
+// their consumer sums the partials itself. Jobs with an accumulator finish in finish_accumulated.
 __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, const Smem& sm) {
+  if (jb.acc) {
+    finish_accumulated(jb, tile, cx, sm);
+    return;
+  }
   const int nm = 1 + jb.paired;
   float* sums = sm.sums();
   if (jb.nslots == 1 && jb.epi != EPI_PARTIALS) {
@@ -782,19 +836,13 @@ __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, c
   for (int t = threadIdx.x; t < TILE; t += THREADS)
     if (col0 + t < jb.N)
       for (int m = 0; m < nm; ++m)
-        jb.part[((size_t)(jb.slot0 + split) * nm + m) * jb.N + col0 + t] = sums[m * TILE + t] * jb.weight;
+        jb.part[((size_t)split * nm + m) * jb.N + col0 + t] = sums[m * TILE + t] * jb.weight;
   __syncthreads();
   if (jb.epi == EPI_PARTIALS) {
     if (threadIdx.x == 0 && jb.count) atomic_add_release(jb.count + tile, 1u);
     return;
   }
-  if (threadIdx.x == 0) {
-    const bool last = atomic_add_acq_rel(jb.count + tile, 1u) == (unsigned)(jb.nslots - 1);
-    if (last) jb.count[tile] = 0u;    // every arrival is in; ready for the next phase (after a grid barrier)
-    *sm.flag() = last;
-  }
-  __syncthreads();
-  if (!*sm.flag()) return;
+  if (!last_arrival(jb, tile, sm)) return;
   sum_partials(jb, col0, sums, sm.red());
   epilogue(jb, tile, cx, sm);
 }
@@ -1115,8 +1163,11 @@ __device__ void kda_delta(const Ctx& cx, const Smem& sm) {
 }
 
 // Attention output projection plus the first residual add (hidden_out = resid + o W_o).
+static_assert(KSPLIT_O <= ACC_MAX_PARTS && N_SLOTS * KSPLIT_DOWN <= ACC_MAX_PARTS, "fixed-point accumulator headroom");
 __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
-  return make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, cx.splitk(), cx.counters, EPI_RESIDUAL);
+  Job jb = make_job(mat_of(cx.L->proj[slot]), K, HIDDEN, KSPLIT_O, nullptr, cx.counters, EPI_RESIDUAL);
+  jb.acc = cx.acc();
+  return jb;
 }
 
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
@@ -1678,13 +1729,13 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
   const bool routed = j < N_ACTIVE;
   const Mat m = routed ? expert_mat(cx.L->expert[2], sm.sel_e()[j], MOE_INTER, HIDDEN)
                        : expert_mat(cx.L->shared[2], j - N_ACTIVE, MOE_INTER, HIDDEN);
-  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, cx.splitk() + GU_PART_FLOATS, cx.counters, EPI_MOE_OUT);
+  Job jb = make_job(m, MOE_INTER, HIDDEN, KSPLIT_DOWN, nullptr, cx.counters, EPI_MOE_OUT);
+  jb.acc = cx.acc();
   jb.x_off = j * MOE_INTER;
   jb.ready = cx.counters + CNT_GATE_UP + j * tiles_of(MOE_INTER);
   jb.ready_count = gate_up_slices(j);
   jb.gu_part = gate_up_partials(cx, j);
   jb.weight = routed ? sm.sel_w()[j] : 1.0f;
-  jb.slot0 = j * KSPLIT_DOWN;
   jb.nslots = N_SLOTS * KSPLIT_DOWN;
   return jb;
 }

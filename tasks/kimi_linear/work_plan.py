@@ -34,9 +34,9 @@ class Finish(str, Enum):
     """A unit's work after its last chunk: publish a partial, and, for the tile's last arrival, the epilogue."""
 
     PARTIAL = "partial"     # partial only; the consumer sums (KDA q/k/v/g, gate/up)
-    RESIDUAL = "residual"   # split-K sum + residual add (output projections)
+    RESIDUAL = "residual"   # accumulator add; the last arrival adds the total to the residual (output projections)
     MLA = "mla"             # split-K sum + RoPE / cache row (MLA q, kv_a)
-    MOE_OUT = "moe_out"     # split-K sum over every expert slot + residual add (down)
+    MOE_OUT = "moe_out"     # as RESIDUAL, over every expert slot's K slices (down)
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,12 @@ def unit_chunks(k: int, split: int, ksplit: int, group: int, warps: int, paired:
     return tuple(out)
 
 
-def sum_rounds(parts: int, warps: int) -> int:
-    """Dependent load batches of sum_partials: each thread sums one float4 column of the tile over every
-    P-th partial (P = threads / 64 slot phases), SUM_BATCH loads in flight."""
+def sum_rounds(parts: int, warps: int, finish: Finish = Finish.MLA) -> int:
+    """Dependent load batches of a tile's last arrival: one for the accumulated finishes (a column's total and
+    its residual at once); for sum_partials, each thread sums one float4 column of the tile over every P-th
+    partial (P = threads / 64 slot phases), SUM_BATCH loads in flight."""
+    if finish in (Finish.RESIDUAL, Finish.MOE_OUT):
+        return 1
     return -(-parts // (SUM_BATCH * max(1, warps * 32 // (TILE // 4))))
 
 
@@ -139,7 +142,7 @@ def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: in
               job: int = 0) -> list[Unit]:
     """Units of one unpaired job, the table's `job`-th, in the kernel's order (unit = tile * ksplit + split)."""
     return [Unit(chunks=unit_chunks(k, split, ksplit, cfg.group, warps, paired=False), finish=finish,
-                 tile=(name, 0, tile), parts=ksplit, sum_rounds=sum_rounds(ksplit, warps), job=job)
+                 tile=(name, 0, tile), parts=ksplit, sum_rounds=sum_rounds(ksplit, warps, finish), job=job)
             for tile in range(tiles_of(n)) for split in range(ksplit)]
 
 
@@ -171,7 +174,7 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
                 needs = tuple((f"L{layer} gu", slot, t) for t in range(k0 // TILE, (k1 - 1) // TILE + 1))
                 down.append(Unit(chunks=unit_chunks(f, split, ks, cfg.group, warps, paired=False),
                                  finish=Finish.MOE_OUT, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
-                                 sum_rounds=sum_rounds(n_slots * ks, warps), needs=needs,
+                                 sum_rounds=sum_rounds(n_slots * ks, warps, Finish.MOE_OUT), needs=needs,
                                  need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps), job=slot))
     prefetches = (Prefetch(shared_blocks, 2),) if knobs["PREFETCH"] else ()
     return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetches=prefetches),
