@@ -339,7 +339,8 @@ def cmd_model(args) -> int:
     task = task_for(DEFAULT_TASK, "full")
     seed, _ = kernel_arg(argparse.Namespace(kernel=None, knob=args.knob), task)
     knobs = seed.resolved_knobs()
-    timeline = sm.stamped_timeline(args.timeline or str(sm.DEFAULT_TIMELINE), args.ctx)
+    timeline = (sm.stamped_timeline(args.timeline, args.ctx) if args.timeline
+                else sm.stamped_timeline(str(sm.DEFAULT_TIMELINE), args.ctx or sm.DEFAULT_CTX))
     machine, fixed, cfg = sm.machine_with(args.set or []), stamped_spans(timeline), task.cfg
     console = Console()
     stamped_moves = sorted(k for k, _ in args.knob or [] if k in sm.STAMPED_KNOBS)
@@ -482,8 +483,8 @@ def build_parser() -> Parser:
                    help="a machine-model figure, e.g. dram_order=fifo or compute_scale=0.73 (repeatable)")
     m.add_argument("--timeline", metavar="TRACE#ID|BENCH.json",
                    help="phase stamps that feed the phases the model does not simulate: an evaluation of a trace, "
-                        "or a `bench --phases --json` output (default: the seed's profile in "
-                        "traces/examples/kimi-scripted-history)")
+                        "or a `bench --phases --json` output (default: the seed's H200 profile in "
+                        "traces/examples/kimi-accum, at ctx 2048 unless --ctx 16384)")
     m.add_argument("--ctx", type=arg_type(positive_int), help="the timeline's context, if it profiled several")
     m.add_argument("--moves", action="store_true", help="also model every one-knob move")
     m.add_argument("--what-ifs", action="store_true", help="also model the architecture what-ifs of issue 28")

@@ -25,8 +25,9 @@ from megakernel_agent.traces.schema import Evaluate
 from .errors import BadInput
 
 ROOT = Path(__file__).resolve().parent.parent
-# The seed's own stamps (9641abd's kernel, identical to the seed but for its stamp numbering) at ctx 16384.
-DEFAULT_TIMELINE = ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p13~profile-t7"
+# The seed's own barrier stamps on the H200 (`bench --phases --json`, e10b25d), at 2K unless --ctx says 16384.
+DEFAULT_TIMELINE = ROOT / "traces/examples/kimi-accum/phases-h200.json"
+DEFAULT_CTX = 2048
 
 
 def machine_with(settings: list[tuple[str, str]]) -> MachineModel:

@@ -210,7 +210,7 @@ def test_a_phase_the_model_cannot_simulate_needs_its_stamped_span():
 def test_the_model_command_runs_on_the_cpu_from_the_seeds_recorded_stamps(capsys):
     assert main(["model", "--moves", "--what-ifs", "--knob", "KSPLIT_O=16", "--set", "release_draws=1"]) == ExitCode.OK
     out = capsys.readouterr().out
-    assert "Schedule model vs stamps (ctx 16384" in out and "One-knob moves" in out and "What-ifs" in out
+    assert "Schedule model vs stamps (ctx 2048" in out and "One-knob moves" in out and "What-ifs" in out
     assert "KSPLIT_O 16 → 28" in out and "tensor-core inner loop" in out
 
 
@@ -234,7 +234,7 @@ def test_the_model_command_reads_the_stamps_of_a_bench_json(tmp_path, capsys):
     (["model", "--timeline", str(ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p1")],
      "has no evaluation 'p1' with a phase timeline"),
     (["model", "--timeline", str(ROOT / "README.md")], "expected TRACE#EVALUATION_ID or the JSON of `bench"),
-    (["model", "--ctx", "2048"], "profiled ctx [16384], not 2048"),
+    (["model", "--ctx", "4096"], "profiled ctx [2048, 16384], not 4096"),
     (["model", "--knob", "KSPLIT_O=5"], "KSPLIT_O"),
 ])
 def test_bad_model_input_is_one_line_and_exit_2(capsys, argv, says):
@@ -341,7 +341,8 @@ def test_the_model_tool_answers_a_knob_move_and_a_what_if_and_refuses_what_it_ca
     assert not stamped_knob.ok and "changes one of those knobs" in stamped_knob.text
     assert not unprofiled.ok and "profile it first" in unprofiled.text
     assert move.ok and "KSPLIT_DOWN=4" in move.text and "L0 g/u+down" in move.text
-    assert what_if.ok and what_if.summary.startswith("model of seed (tc-mma): -1")
+    # the probed tensor-core loop is slower than the seed's DP2A loop: the model must say so
+    assert what_if.ok and what_if.summary.startswith("model of seed (tc-mma): +")
     assert not unknown.ok and "no what-if 'faster'" in unknown.text
     assert not empty.ok and "give knobs to model, or a what-if" in empty.text
     assert not undeclared.ok and "KSPLIT_DOWN" in undeclared.text

@@ -44,12 +44,11 @@ STAMPED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
 
 class MachineModel(BaseModel):
     """Costs the model charges, µs unless named otherwise; defaults from the H200 probes and the seed's stamps
-    (BENCHMARKS.md, 2026-12-05). Each one is a what-if handle: `compute_scale` 0.73 is the tensor-core loop's
-    measured 1.37x, `barrier_us` 0 a grid with free barriers. The stamp-derived figures came from builds with
-    the in-phase events on, which ran the step ~7% slower (BENCHMARKS.md, twenty-fourth session); not refitted.
-    The compute figures are the seed's fp16-FMA loop's. Its DP2A loop (ff8d6cb) computes a chunk in 0.62x the time
-    on the H100's chunk probe, yet compute_scale 0.62 predicts 4x the step gain measured (BENCHMARKS.md, thirtieth
-    session): refit on an H200 chunk probe before trusting compute what-ifs."""
+    (BENCHMARKS.md, 2026-12-05). Each one is a what-if handle: `compute_scale` 1.17 is the tensor-core loop
+    probed against the DP2A loop, `barrier_us` 0 a grid with free barriers. The stamp-derived figures came from
+    builds with the in-phase events on, which ran the step ~7% slower (BENCHMARKS.md, twenty-fourth session);
+    not refitted. The compute figures are the DP2A loop's, from an H200 chunk probe (thirty-first session):
+    against the seed's own H200 stamps at 2K the model then gives 202.3 µs for 196.3 stamped."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,12 +60,14 @@ class MachineModel(BaseModel):
                                                 "issue order, or sharing the bandwidth equally, each up to "
                                                 "copy_gbs (which with no release spread moves every block in "
                                                 "lockstep: a pure stream then idles one latency a round)")
-    chunk_compute_us: float = Field(1.53, gt=0, description="a full chunk's compute with the SM's other block "
-                                                            "computing one too (chunk probe, 8 slabs, 2 blocks/SM)")
-    slab_latency_us: float = Field(1.5, gt=0, description="a chunk step can never be shorter, whatever its slabs: "
-                                                          "fitted to 50 knob moves timed on the H200 (the probe's "
-                                                          "isolated 2-slab step is 0.81; in the kernel a 6-slab step "
-                                                          "takes as long as an 8-slab one)")
+    chunk_compute_us: float = Field(0.96, gt=0, description="a full chunk's compute with the SM's other block "
+                                                            "computing one too (chunk probe of the DP2A loop on the "
+                                                            "H200, 8 slabs, 2 blocks/SM; the fp16 loop's was 1.54)")
+    slab_latency_us: float = Field(0.95, gt=0, description="a chunk step can never be shorter, whatever its slabs: "
+                                                           "fitted at 1.5 to 50 knob moves of the fp16 loop on the "
+                                                           "H200 (in the kernel a 6-slab step took as long as an "
+                                                           "8-slab one), times the probe's 2-slab ratio of the DP2A "
+                                                           "loop to it, 0.54 / 0.86")
     compute_scale: float = Field(1.0, gt=0, description="multiplies both compute figures (inner-loop what-ifs)")
     fold_us: float = Field(0.17, ge=0, description="fold + block barrier per chunk step, fixed part")
     fold_per_slab_us: float = Field(0.034, ge=0, description="... and per slab (probe: +0.44 at 8, +0.24 at 2)")
@@ -129,8 +130,8 @@ class WhatIf(BaseModel):
 
 ZERO_FINISH = {f: 0.0 for f in Finish}
 WHAT_IFS = (
-    WhatIf(key="tc-mma", label="tensor-core inner loop (mma.sync probe: 1.37x the fp16 loop per chunk)",
-           machine={"compute_scale": 1 / 1.37}),
+    WhatIf(key="tc-mma", label="tensor-core inner loop (mma.sync probe: 1.37x the fp16 loop per chunk, 0.85x the "
+                               "DP2A loop)", machine={"compute_scale": 1.54 / 1.37 / 0.96}),
     WhatIf(key="loop-2x", label="inner loop twice as fast", machine={"compute_scale": 0.5}),
     WhatIf(key="compute-free", label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",
            machine={"compute_scale": 0.01, "fold_us": 0.0, "fold_per_slab_us": 0.0}),

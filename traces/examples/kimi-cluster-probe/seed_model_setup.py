@@ -13,7 +13,9 @@ from megakernel_agent.tasks.kimi_linear import work_plan as wp  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.config import FULL as cfg  # noqa: E402
 
 knobs = resolve_knobs(parse_knobs((ROOT / "kernels/kimi_linear/seed.cu").read_text()), {})
-fixed = stm.stamped_spans(sm.stamped_timeline(str(sm.DEFAULT_TIMELINE), None))
+# the stamps this probe was modelled with (the model's default timeline has moved on since)
+STAMPS = ROOT / "traces/examples/kimi-scripted-history/trace.jsonl#p13~profile-t7"
+fixed = stm.stamped_spans(sm.stamped_timeline(str(STAMPS), None))
 machine = stm.MachineModel()
 
 
