@@ -224,10 +224,11 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 // Split-K sums of the output and down projections add into a fixed-point accumulator in units of 2^-22:
 // integer addition is associative, so the total does not depend on the order of arrival (the protocol
 // runs a step twice and wants the same bits), and the tile's last arrival reads one total per column
-// instead of every unit's partial. A partial of magnitude 2^22 or more, or not finite, adds ACC_POISON
-// instead, and a total that holds one reads back as NaN: legal partials (< 2^44 units, at most
-// ACC_MAX_PARTS of them) stay below 2^51 in total, and up to ACC_MAX_PARTS poisons (2^54 each) neither
-// wrap nor cancel below 2^53.
+// instead of every unit's partial. The resolution is absolute: a total carries up to 2^-23 of rounding per
+// part (the fp32 sum it replaced was relative; BENCHMARKS.md, thirty-first session, has the emulated error).
+// A partial of magnitude 2^22 or more, or not finite, adds ACC_POISON instead, and a total that holds one
+// reads back as NaN: legal partials (< 2^44 units, at most ACC_MAX_PARTS of them) stay below 2^51 in total,
+// and up to ACC_MAX_PARTS poisons (2^54 each) neither wrap nor cancel below 2^53.
 constexpr float ACC_ONE = 4194304.0f;                    // 2^22 units per 1.0
 constexpr long long ACC_POISON = 1ll << 54;
 constexpr int ACC_MAX_PARTS = 128;

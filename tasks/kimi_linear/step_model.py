@@ -5,7 +5,7 @@ Why: most wrong predictions in BENCHMARKS.md came from treating compute as free 
 Here a phase is the maximum over the grid's block chains; each chain is its staging, its ring of chunks
 (a chunk lands after its share of bandwidth and a latency, its compute shares the SM with the co-resident
 block and cannot beat one slab's dependent-chain latency), its unit finishes (the last arrival of a split-K
-tile sums the partials) and, for down units, the wait for the gate/up tiles they read. Grid barriers release
+tile reads the tile's sums) and, for down units, the wait for the gate/up tiles they read. Grid barriers release
 every block a fixed time after the last arrival, each block within one poll of the barrier word, later still
 if it issued the next phase's first chunks between arriving and waiting. Copies are served in issue order (the
 default memory), so where every block issues at once (the routed phase's start) the order is set by the work
@@ -74,7 +74,8 @@ class MachineModel(BaseModel):
     run_start_us: float = Field(0.5, ge=0, description="a job table's start: staged to first chunk step (stamps)")
     issue_us: float = Field(0.25, ge=0, description="read to refill issued (stamps: 0.1-0.4)")
     reduce_us: float = Field(0.2, ge=0, description="a unit's cross-warp reduce after its last read (stamps)")
-    publish_us: float = Field(0.8, ge=0, description="partial store and arrival (stamps: computed to done)")
+    publish_us: float = Field(0.8, ge=0, description="partial store (or accumulator add) and arrival (stamps: "
+                                                     "computed to done)")
     sum_round_us: float = Field(0.7, ge=0, description="one dependent batch of partial loads from L2")
     # the last arrival's finish beyond its rounds of loads. RESIDUAL and MOE_OUT refitted to the accumulator
     # finish (H100 stamps, 2026-12-06: output projections 1.3 µs and MoE phases 0.8-2.4 µs shorter than with

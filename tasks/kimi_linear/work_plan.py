@@ -50,10 +50,11 @@ class Chunk:
 @dataclass(frozen=True)
 class Unit:
     """One (tile, K slice) of a job. `tile` names the split-K arrival counter it adds to; `parts` arrivals
-    complete it and the last one sums their partials in `sum_rounds` dependent batches of loads (finish
-    permitting). `needs`: producer tiles whose every K slice must have arrived before the unit stages its
-    input (down units read gate/up partials), in `need_rounds` batches. `job`: the job's place in its table,
-    the jobs the kernel walks past to find the unit (job_of) before it can issue the unit's first chunk."""
+    complete it and the last one loads the tile's sums in `sum_rounds` dependent batches (finish permitting:
+    the partials, or for the accumulated finishes each column's total with its residual). `needs`: producer
+    tiles whose every K slice must have arrived before the unit stages its input (down units read gate/up
+    partials), in `need_rounds` batches. `job`: the job's place in its table, the jobs the kernel walks past
+    to find the unit (job_of) before it can issue the unit's first chunk."""
 
     chunks: tuple[Chunk, ...]
     finish: Finish
@@ -123,7 +124,7 @@ def unit_chunks(k: int, split: int, ksplit: int, group: int, warps: int, paired:
     return tuple(out)
 
 
-def sum_rounds(parts: int, warps: int, finish: Finish = Finish.MLA) -> int:
+def sum_rounds(parts: int, warps: int, finish: Finish) -> int:
     """Dependent load batches of a tile's last arrival: one for the accumulated finishes (a column's total and
     its residual at once); for sum_partials, each thread sums one float4 column of the tile over every P-th
     partial (P = threads / 64 slot phases), SUM_BATCH loads in flight."""
