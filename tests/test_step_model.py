@@ -21,6 +21,7 @@ from megakernel_agent.tasks.kimi_linear.work_plan import (
     Unit,
     plan_bytes,
     step_plan,
+    table_skew,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,6 +90,16 @@ def test_split_pairs_stream_the_same_slabs_as_one_matrix_units_that_complete_the
     assert streamed[0] == streamed[1]
     steps = [sum(len(u.chunks) for u in t.block_units(b, 264)) for t in (gate_up, split) for b in range(264)]
     assert max(steps[:264]) == 4 and max(steps[264:]) == 3
+
+
+def test_the_down_units_start_past_the_blocks_with_an_extra_gate_up_unit():
+    """As the kernel's moe_down_residual: 324 gate/up units leave blocks 0-59 with two, so down unit 0 runs on
+    block 60 and the 243 down units wrap to blocks 0-38; blocks 39-59 run none. Other tables are not rotated."""
+    gate_up, down = step_plan(FULL, SEED_KNOBS)[4].tables
+    assert (table_skew((gate_up, down), 1, 264), table_skew((gate_up, down), 0, 264)) == (60, 0)
+    assert down.block_units(60, 264, 60)[0] is down.units[0]
+    counts = [len(gate_up.block_units(b, 264)) + 10 * len(down.block_units(b, 264, 60)) for b in range(264)]
+    assert counts[:39] == [12] * 39 and counts[39:60] == [2] * 21 and counts[60:] == [11] * 204
 
 
 def test_a_pure_stream_runs_at_the_memory_bandwidth():

@@ -288,6 +288,7 @@ struct RingSync {
   unsigned long long bar[2];   // one mbarrier per slot (RING_COPIES arrivals per fill)
   unsigned fills[2];           // bulk fills issued into each slot so far (thread 0 writes)
   int total;                   // units of the job table in shared memory (job_table writes)
+  int skew;                    // the table's unit u starts on block (u + skew) mod grid
   Chunk head;                  // this block's first chunk of that table (issue_first writes)
 };
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
@@ -916,7 +917,7 @@ __device__ __noinline__ void issue_first(const Job* jobs, const Smem sm) {
     // (A refill in run_jobs needs no fence: its slot has only been read since the last bulk copy.)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     const int total = sm.rs->total;
-    const Chunk c0 = unit_chunk(jobs, total, blockIdx.x);
+    const Chunk c0 = unit_chunk(jobs, total, (blockIdx.x + gridDim.x - sm.rs->skew) % gridDim.x);
     if (threadIdx.x == 0) sm.rs->head = c0;
     if (c0.unit < total) {
       issue_chunk(jobs, c0, sm, 0);
@@ -1744,8 +1745,16 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 // Right after this block's gate/up units, no grid barrier between: each down unit waits for the
 // gate/up tiles its K slice reads (await_input) and stages only their SwiGLU; its first chunks are in
 // flight meanwhile. The routing computed in the gate/up phase is still in this block's shared memory.
+// The down units start on the block after the last one that ran an extra gate/up unit (324 units on
+// 264 blocks: blocks 0-59 ran two), so those blocks are the last to get one (blocks 39-59 get none):
+// 1.009x-1.015x on an H100 (BENCHMARKS.md, thirty-second session; the wait at the MoE phase's barrier
+// fell from 1.3-1.6 to 0.7-1.1 µs).
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
-  begin_phase(JS_DOWN, cx, sm, false);
+  const int busy = sm.rs->total % gridDim.x;   // the grid's first blocks ran one more gate/up unit
+  job_table(JS_DOWN, cx, sm);
+  if (threadIdx.x == 0) sm.rs->skew = busy;
+  __syncthreads();
+  issue_first(sm.jobs(), sm);
   run_jobs(sm.jobs(), cx, sm);
 }
 
@@ -1778,7 +1787,7 @@ __device__ void job_table(JobSet set, const Ctx& cx, const Smem& sm) {
   }
   if (j < 32) {
     const int total = __reduce_add_sync(0xffffffffu, units);
-    if (j == 0) sm.rs->total = total;
+    if (j == 0) { sm.rs->total = total; sm.rs->skew = 0; }
   }
   __syncthreads();
 }

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from megakernel_agent.traces.results import PhaseTimeline
 
 from .config import KimiConfig
-from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan
+from .work_plan import Chunk, Finish, JobTable, Phase, Staging, Unit, step_plan, table_skew
 
 EPS = 1e-9
 # Knobs whose effect lies in the phases taken from the stamps (the launch shape, the attention's split): a move
@@ -332,8 +332,8 @@ class StepSimulation:
             if unit.finish != Finish.PARTIAL:
                 yield self.env.timeout(unit.sum_rounds * self.m.sum_round_us + self.m.epilogue_us[unit.finish])
 
-    def run_table(self, block: int, phase: int, table: JobTable) -> Generator:
-        units = table.block_units(block, self.grid)
+    def run_table(self, block: int, phase: int, table: JobTable, skew: int) -> Generator:
+        units = table.block_units(block, self.grid, skew)
         chunks = [(u, i == len(u.chunks) - 1, i == 0, c) for u in units for i, c in enumerate(u.chunks)]
         if table.staging is not None:
             yield self.env.timeout(self.m.staging_us[table.staging])
@@ -398,8 +398,8 @@ class StepSimulation:
             yield self.env.timeout(late)
         start = self.started[(phase, block)] = self.env.now
         if spec.simulated:
-            for table in spec.tables:
-                yield from self.run_table(block, phase, table)
+            for i, table in enumerate(spec.tables):
+                yield from self.run_table(block, phase, table, table_skew(spec.tables, i, self.grid))
             yield self.env.timeout(self.m.arrive_us)
         else:
             yield self.env.timeout(self.fixed[spec.name])

@@ -78,17 +78,20 @@ class Prefetch:
 @dataclass(frozen=True)
 class JobTable:
     """Units of one job table, in unit order; a block's prefetch is the first of `prefetches` naming it (none:
-    the block issues its first chunks when its phase starts)."""
+    the block issues its first chunks when its phase starts). Unit u runs on block u mod grid, or with
+    `past_previous` on block (u + s) mod grid, s the previous table's unit count mod grid: the down units start
+    past the blocks that ran one more gate/up unit than the others."""
 
     units: tuple[Unit, ...]
     staging: Staging | None
     prefetches: tuple[Prefetch, ...] = ()
+    past_previous: bool = False
 
     def prefetch_of(self, block: int) -> Prefetch | None:
         return next((p for p in self.prefetches if p.blocks is None or block in p.blocks), None)
 
-    def block_units(self, block: int, grid: int) -> list[Unit]:
-        return list(self.units[block::grid])
+    def block_units(self, block: int, grid: int, skew: int = 0) -> list[Unit]:
+        return list(self.units[(block - skew) % grid::grid])
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,11 @@ class Phase:
     @property
     def simulated(self) -> bool:
         return bool(self.tables)
+
+
+def table_skew(tables: tuple[JobTable, ...], i: int, grid: int) -> int:
+    """The block that runs unit 0 of a phase's table i (see JobTable.past_previous)."""
+    return len(tables[i - 1].units) % grid if i and tables[i].past_previous else 0
 
 
 def tiles_of(n: int) -> int:
@@ -179,7 +187,7 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
                                  need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps), job=slot))
     prefetches = (Prefetch(shared_blocks, 2),) if knobs["PREFETCH"] else ()
     return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetches=prefetches),
-            JobTable(units=tuple(down), staging=None))
+            JobTable(units=tuple(down), staging=None, past_previous=True))
 
 
 def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
