@@ -651,12 +651,12 @@ struct Job {
   int paired;
   int K, N, ksplit;
   int x_off;           // offset of this job's input in the staged x
-  float weight;        // scales this job's partials (routed expert weight)
+  float weight;        // scales this job's accumulator adds (a routed expert's down projection)
   int nslots;          // K-slice arrivals that complete a tile
   float* part;         // [nslots][1 + paired][N] (null with acc)
   unsigned* count;     // [tiles(N)] arrival counters, reset by the last arrival
   int epi;
-  unsigned long long* acc;   // or null: the fixed-point accumulator [N] the units add into (EPI_RESIDUAL, EPI_MOE_OUT)
+  unsigned long long* acc;   // EPI_RESIDUAL and EPI_MOE_OUT: the fixed-point accumulator [N] the units add into
   const unsigned* ready;   // null, or per 256-wide tile of the input: arrivals of its producer's units
   int ready_count;         // arrivals that complete an input tile (the producer's K slices)
   const float* gu_part;    // with `ready`: the producer's gate/up partials [ready_count][2][MOE_INTER];
@@ -820,25 +820,20 @@ __device__ void finish_accumulated(const Job& jb, int tile, const Ctx& cx, const
 
 // Publish this unit's partial; the last unit of the tile sums all partials and runs the epilogue.
 // EPI_PARTIALS jobs stop at the arrival (a release; none where the consumer is past a grid barrier):
-// their consumer sums the partials itself. Jobs with an accumulator finish in finish_accumulated.
+// their consumer sums the partials itself. The output and down projections (EPI_RESIDUAL, EPI_MOE_OUT)
+// add into their accumulator instead: finish_accumulated.
 __device__ void finish_unit(const Job& jb, int tile, int split, const Ctx& cx, const Smem& sm) {
-  if (jb.acc) {
+  if (jb.epi == EPI_RESIDUAL || jb.epi == EPI_MOE_OUT) {
     finish_accumulated(jb, tile, cx, sm);
     return;
   }
   const int nm = 1 + jb.paired;
   float* sums = sm.sums();
-  if (jb.nslots == 1 && jb.epi != EPI_PARTIALS) {
-    for (int t = threadIdx.x; t < nm * TILE; t += THREADS) sums[t] *= jb.weight;
-    __syncthreads();
-    epilogue(jb, tile, cx, sm);
-    return;
-  }
   const int col0 = tile * TILE;
   for (int t = threadIdx.x; t < TILE; t += THREADS)
     if (col0 + t < jb.N)
       for (int m = 0; m < nm; ++m)
-        jb.part[((size_t)split * nm + m) * jb.N + col0 + t] = sums[m * TILE + t] * jb.weight;
+        jb.part[((size_t)split * nm + m) * jb.N + col0 + t] = sums[m * TILE + t];
   __syncthreads();
   if (jb.epi == EPI_PARTIALS) {
     if (threadIdx.x == 0 && jb.count) atomic_add_release(jb.count + tile, 1u);
@@ -1747,8 +1742,8 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 // flight meanwhile. The routing computed in the gate/up phase is still in this block's shared memory.
 // The down units start on the block after the last one that ran an extra gate/up unit (324 units on
 // 264 blocks: blocks 0-59 ran two), so those blocks are the last to get one (blocks 39-59 get none):
-// 1.009x-1.015x on an H100 (BENCHMARKS.md, thirty-second session; the wait at the MoE phase's barrier
-// fell from 1.3-1.6 to 0.7-1.1 µs).
+// 1.004x-1.015x in three H100 runs (BENCHMARKS.md, thirty-second session; the wait at the MoE phase's
+// barrier fell from 1.3-1.6 to 0.7-1.1 µs).
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
   const int busy = sm.rs->total % gridDim.x;   // the grid's first blocks ran one more gate/up unit
   job_table(JS_DOWN, cx, sm);
