@@ -109,7 +109,7 @@ class Probe:
         n = ctypes.c_int()
         lib = driver().lib
         status = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(self.func), ctypes.byref(cfg))
-        return n.value if status == 0 else error_name(status)
+        return n.value if status == 0 else driver().error_name(status)
 
     def launch(self, cluster: int, mode: str, group: int, burst: int, iters: int, stride: int = 1,
                below: int | None = None) -> str | None:
@@ -125,7 +125,7 @@ class Probe:
         status = driver().launch(ctypes.c_void_p(ctypes.addressof(cfg)), ctypes.c_void_p(self.func),
                                  ctypes.c_void_p(ctypes.addressof(args)), None)
         if status:
-            return error_name(status)
+            return driver().error_name(status)
         cupy.cuda.Device().synchronize()
         return "not co-resident (a grid barrier timed out)" if int(self.status.get()[0]) else None
 
@@ -147,11 +147,6 @@ class Probe:
         got = self.out.get()[: want.size].reshape(want.shape)
         return float(numpy.abs(got - want).max()) if numpy.isfinite(got).all() else float("nan")
 
-
-def error_name(status: int) -> str:
-    name = ctypes.c_char_p()
-    driver().lib.cuGetErrorName(status, ctypes.byref(name))
-    return f"{(name.value or b'?').decode()} ({status})"
 
 
 def placement(where: numpy.ndarray, cluster: int) -> str:

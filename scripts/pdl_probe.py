@@ -25,6 +25,7 @@ from pathlib import Path
 
 import cupy
 import numpy
+from cluster_probe import SEED_DYN_SMEM
 from sm90a_module import load_sm90a
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +40,6 @@ from megakernel_agent.tasks.cuda_runtime import (  # noqa: E402
 
 SOURCE = Path(__file__).with_suffix(".cu")
 THREADS, BLOCKS_PER_SM = 256, 2
-SEED_DYN_SMEM = 112512   # the seed's GEMV carve at the full config (SM_GEMV_BYTES in kernels/kimi_linear/seed.cu)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 MODES = {"plain": 0, "pdl-exit": 1, "pdl-early": 2}
 TIMEOUT_NS = 200_000_000
@@ -54,11 +54,6 @@ class Params(ctypes.Structure):
         ("phases", ctypes.c_int32), ("mode", ctypes.c_int32), ("launch", ctypes.c_int32),
     ]
 
-
-def error_name(status: int) -> str:
-    name = ctypes.c_char_p()
-    driver().lib.cuGetErrorName(status, ctypes.byref(name))
-    return f"{(name.value or b'?').decode()} ({status})"
 
 
 def run_mode(func: int, grid: int, smem: int, mode: str, phases: int, phase_us: float, launches: int,
@@ -88,7 +83,7 @@ def run_mode(func: int, grid: int, smem: int, mode: str, phases: int, phase_us: 
                         ctypes.c_void_p(ctypes.addressof(args)), None)
         if rc:
             cupy.cuda.Device().synchronize()
-            return f"refused at launch {i}: {error_name(rc)}"
+            return f"refused at launch {i}: {drv.error_name(rc)}"
     stop.record()
     stop.synchronize()
     if int(status.get()[0]):

@@ -72,11 +72,15 @@ class _Driver:
         launch.restype = ctypes.c_int
         self.launch = launch
 
+    def error_name(self, status: int) -> str:
+        """The driver's name of an error status, with its number."""
+        name = ctypes.c_char_p()
+        self.lib.cuGetErrorName(status, ctypes.byref(name))
+        return f"{(name.value or b'?').decode()} ({status})"
+
     def check(self, status: int, what: str) -> None:
         if status != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(status, ctypes.byref(name))
-            raise CudaError(f"{what} failed: {(name.value or b'?').decode()} ({status})")
+            raise CudaError(f"{what} failed: {self.error_name(status)}")
 
     def occupancy(self, func: int, threads: int, dyn_smem: int) -> int:
         blocks = ctypes.c_int()
