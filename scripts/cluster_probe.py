@@ -148,7 +148,6 @@ class Probe:
         return float(numpy.abs(got - want).max()) if numpy.isfinite(got).all() else float("nan")
 
 
-
 def placement(where: numpy.ndarray, cluster: int) -> str:
     """How the driver placed the blocks: SMs used (and how many hold two), whether a cluster's ranks are
     consecutive blocks, and how many clusters put two of their blocks on one SM."""
