@@ -210,9 +210,9 @@ def test_binding_rejects_a_malformed_state_with_a_clear_error(small_models):
         mk.step(h, st)
 
 
-def test_the_seed_passes_a_timed_sample_with_near_ties_at_three_layers():
-    """bench on the H200 refused the honest seed here (seed 227359290 from ctx 8192, step 9 verified: ties at
-    layers 0, 2 and 3) until the checker searched the tie variants nearest-first."""
+def _check_timed_chain(seed: int, ctx: int, verified: int):
+    """The seed at full size through a chain of verified + 1 steps from `ctx` (poisoned outputs, the timed
+    path's own run), then the chain's step `verified` checked against the reference: the checker's result."""
     from megakernel_agent.sandbox import timing
     from megakernel_agent.sandbox.checks import Checker
     from megakernel_agent.tasks.kimi_linear.task import KimiTask
@@ -221,9 +221,23 @@ def test_the_seed_passes_a_timed_sample_with_near_ties_at_three_layers():
     ref = task.build_reference(DEV, 0)
     knobs = Candidate(source=SEED).resolved_knobs()
     model = task.build_candidate(ref, build_megakernel(SEED, FULL, extra_defines={k: str(v) for k, v in knobs.items()}))
-    seed, ctx, verified = 227359290, 8192, 9
     tokens, pristine = timing._chain(task, seed, ctx, verified + 1, DEV)
     outs = timing._poisoned_outputs(tokens)
     _, state = timing._run(model, tokens, clone_state(pristine), outs)
-    check = timing._verify(task, Checker(task, ref, model, DEV), tokens, pristine, (outs, state), seed, ctx, verified)
+    return timing._verify(task, Checker(task, ref, model, DEV), tokens, pristine, (outs, state), seed, ctx, verified)
+
+
+def test_the_seed_passes_a_timed_sample_with_near_ties_at_three_layers():
+    """bench on the H200 refused the honest seed here (seed 227359290 from ctx 8192, step 9 verified: ties at
+    layers 0, 2 and 3) until the checker searched the tie variants nearest-first."""
+    check = _check_timed_chain(227359290, 8192, 9)
+    assert check.passed, check.message
+
+
+@pytest.mark.parametrize("ctx", [5031, 16500])
+def test_the_attention_handles_a_short_last_tile_after_full_ones(ctx):
+    """The last context split ends in a part tile that is not its first (the protocol's contexts 1, 3001 and
+    16384 end every split's rows in its first tile): at 5031 two-tile splits, the last with 40 tokens; at 16500
+    four-tile splits, the last with 117. Rows past the end are zeroed, never copied; a chain of two steps."""
+    check = _check_timed_chain(7 + ctx, ctx, 1)
     assert check.passed, check.message

@@ -31,7 +31,7 @@
 //
 // MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
 // cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
-// high + low parts, q's fragments stay in registers and the cache tiles land by cp.async in a
+// high + low parts, q's fragments stay in registers and the cache tiles land by bulk copies in a
 // shared-memory double buffer. The MLA-only phases (absorb q, attention, merge) are not inlined:
 // the kernel body's register allocation then serves the GEMV phases alone (-15 µs per step).
 //
@@ -637,7 +637,7 @@ __device__ void reduce_unit(const float* red, float* sums, int nm) {
 enum Epi { EPI_RESIDUAL, EPI_PARTIALS, EPI_MOE_OUT, EPI_MLA_Q, EPI_MLA_KVA };
 enum JobSet { JS_KDA_PROJECT, JS_KDA_OUT, JS_MLA_PROJECT, JS_MLA_OUT, JS_SHARED, JS_ROUTED, JS_DOWN };
 __device__ void begin_phase(JobSet set, const struct Ctx& cx, const Smem& sm, bool ahead);
-__device__ void job_table(JobSet set, const struct Ctx& cx, const Smem& sm);
+__device__ void job_table(JobSet set, const struct Ctx& cx, const Smem& sm, int skew = 0);
 
 struct Mat {
   const unsigned char* wq;
@@ -1261,6 +1261,7 @@ __device__ int attn_splits(int tokens) {
   const int per = attn_split_tokens(tokens);
   return (tokens + per - 1) / per;
 }
+__device__ int attn_units(int tokens) { return attn_splits(tokens) * (MLA_H / ATT_HG); }
 
 // ---- tensor-core helpers (mma.sync m16n8k16, bf16 in, fp32 accumulate) ----
 __device__ __forceinline__ void mma_bf16(float* d, const unsigned* a, unsigned b0, unsigned b1) {
@@ -1295,33 +1296,49 @@ __device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
   lo = __float2bfloat16_rn(v - __bfloat162float(hi));
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool fill) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
-               ::"r"(smem_addr(dst)), "l"(src), "r"(fill ? 16 : 0), "l"(l2_evict_first()) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory"); }
-
 // Tokens [tt, tt + ATT_TT) of the latent cache and the roped keys into `keys`, one row per token (its
-// latent row, then its roped key), by cp.async in 16-byte pieces spread over the block: one commit
-// group per tile, no registers held. Rows at or past t1 are zero-filled, so P is 0 there and nothing
-// undefined enters the MMAs. The loop stays rolled: unrolled (9 copies, two call sites) it put 1,407 of the
-// attention's 1,917 instructions before its first MMA and made ptxas spill the kernel body; rolled the step
-// is 1.025-1.042x faster on an H100 (BENCHMARKS.md, 2026-12-05).
-__device__ void load_key_tile(const Ctx& cx, bf16* keys, int tt, int t1) {
-  constexpr int LAT = KV_LORA / 8, PIECES = LAT + QK_ROPE / 8, PER = (ATT_TT * PIECES + THREADS - 1) / THREADS;
-#pragma unroll 1
-  for (int j = 0; j < PER; ++j) {
-    const int i = threadIdx.x + j * THREADS, l = i / PIECES, q = i % PIECES, row = min(tt + l, t1 - 1);
-    if (i < ATT_TT * PIECES)
-      cp_async16(keys + l * KEY_STRIDE + q * 8,
-                 q < LAT ? cx.L->c_kv + (size_t)row * KV_LORA + q * 8 : cx.L->k_rope + (size_t)row * QK_ROPE + (q - LAT) * 8,
-                 tt + l < t1);
+// latent row, then its roped key), by the TMA engine on the weight ring's mbarrier of `buf` (the ring is
+// idle in the attention): lanes 0-15 of warps 0 and 1 copy a latent row each (1 KB), the lanes of warp 2
+// a roped key each (128 B); lane 0 of each of the three arrives with its warp's bytes. The 16-byte
+// cp.async they replace had every thread issue a share, and that issue is throttled to about the rate
+// the data drains (the ring's measurement). With bulk copies a tile past the first takes ~3.3 µs at 16K
+// instead of ~3.9, and the step is 1.008x faster there on an H100, noise at 2K and 8K (BENCHMARKS.md,
+// 2026-12-06). Rows at or past t1 are zeroed through the generic proxy instead, so P is 0 there and
+// nothing undefined enters the MMAs; they are read after at least one block barrier.
+__device__ __forceinline__ bool key_issuer() { return threadIdx.x < 32 * RING_COPIES; }
+__device__ void issue_key_tile(const Ctx& cx, const Smem& sm, bf16* keys, int buf, int tt, int t1) {
+  static_assert(RING_COPIES == 3 && ATT_TT == 32, "three issuing warps: two latent halves, one roped half");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool rope = warp == 2;
+  const int per_warp = rope ? ATT_TT : ATT_TT / 2, l = rope ? lane : 16 * warp + lane;
+  const unsigned row_bytes = rope ? 2 * QK_ROPE : 2 * KV_LORA;
+  unsigned long long* bar = &sm.rs->bar[buf];
+  const int first = rope ? 0 : 16 * warp, valid = max(0, min(per_warp, t1 - tt - first));
+  if (lane == 0) {
+    expect_bytes(bar, valid * row_bytes);
+    if (warp == 0) ++sm.rs->fills[buf];
   }
-  cp_async_commit();
+  __syncwarp();
+  if (lane >= per_warp) return;
+  bf16* dst = keys + l * KEY_STRIDE + (rope ? KV_LORA : 0);
+  if (tt + l < t1) {
+    bulk_copy(dst, rope ? cx.L->k_rope + (size_t)(tt + l) * QK_ROPE : cx.L->c_kv + (size_t)(tt + l) * KV_LORA, row_bytes, bar);
+  } else {
+#pragma unroll 1
+    for (unsigned i = 0; i < row_bytes; i += 16) *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(dst) + i) = make_uint4(0, 0, 0, 0);
+  }
 }
 
+// A unit's first tile into buffer 0, after a block barrier: every earlier use of this shared memory is over.
+// Generic writes must come before the async copies, in shared memory (other phases) and in global memory
+// (the new cache row, stored by the MLA projection's epilogue): one proxy fence for both, after the grid
+// barrier that published that row; the unit's later tiles are issued by the same threads after it.
+__device__ void issue_first_key_tile(const Ctx& cx, const Smem& sm, int t0, int t1) {
+  if (key_issuer()) {
+    asm volatile("fence.proxy.async.global;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    issue_key_tile(cx, sm, reinterpret_cast<bf16*>(sm.base + SA_KEY), 0, t0, t1);
+  }
+}
 // q's A fragments (m16n8k16, rows g and g + 8, columns 2c and 2c + 8 of the k step at k0) as bf16 high
 // and low parts: q = [q_eff | q_rope] of heads h0.., rows past ATT_HG zero.
 __device__ void q_fragments(const Ctx& cx, int h0, int k0, unsigned* hi, unsigned* lo) {
@@ -1349,7 +1366,7 @@ __device__ void q_fragments(const Ctx& cx, int h0, int k0, unsigned* hi, unsigne
 // 16 x 32 MMAs (every warp all 4 token n-tiles over its own k steps, q's fragments held in registers
 // for the whole unit: re-read from shared memory per tile by 4 warps each, they made the score loop
 // shared-memory bound), softmax with one warp per head, then ctx += P . c_kv (each warp owns
-// KV_LORA / WARPS columns, accumulators in registers). Cache tiles land by cp.async in a double buffer:
+// KV_LORA / WARPS columns, accumulators in registers). Cache tiles land by bulk copies in a double buffer:
 // tile i + 1 is in flight while tile i is computed. fp32 operands (q, p) enter as two bf16 MMAs (high
 // + low part), so products keep ~16 bits; the scalar FP32 version of this phase was arithmetic bound
 // (172 µs at 16K). Writes per (split, head): running max m, sum l, and the unnormalised context
@@ -1369,13 +1386,13 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int tokens = cx.ctx_len + 1;
-  const int nsplit = attn_splits(tokens);
   const int per = attn_split_tokens(tokens);
-  const int units = nsplit * (MLA_H / ATT_HG);
+  const int units = attn_units(tokens);
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int split = u / (MLA_H / ATT_HG), h0 = (u % (MLA_H / ATT_HG)) * ATT_HG;
     const int t0 = split * per, t1 = min(tokens, t0 + per);
-    load_key_tile(cx, key_buf, t0, t1);
+    __syncthreads();   // see issue_first_key_tile
+    issue_first_key_tile(cx, sm, t0, t1);
     unsigned qa[KS_W][2][4];   // [k step][high, low][fragment register]
 #pragma unroll
     for (int i = 0; i < KS_W; ++i)
@@ -1385,16 +1402,14 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
     float acc[NPW][4];
 #pragma unroll
     for (int j = 0; j < NPW; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    __syncthreads();   // the first tile's zeroed rows, if any, and the ring's fill count are seen by all
     mark(cx, EV_STAGED);
     for (int tt = t0, buf = 0; tt < t1; tt += ATT_TT, buf ^= 1) {
       const bf16* keys = key_buf + buf * (KEY_TILE_BYTES / 2);
-      if (tt + ATT_TT < t1) {   // the next tile lands in the other buffer during this one's MMAs
-        load_key_tile(cx, key_buf + (buf ^ 1) * (KEY_TILE_BYTES / 2), tt + ATT_TT, t1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+      // the next tile lands in the other buffer during this one's MMAs; its buffer was last read before the
+      // previous tile's closing block barrier (only read since its last fill: no proxy fence needed)
+      if (tt + ATT_TT < t1 && key_issuer()) issue_key_tile(cx, sm, key_buf + (buf ^ 1) * (KEY_TILE_BYTES / 2), buf ^ 1, tt + ATT_TT, t1);
+      ring_wait(sm.rs, buf);   // each thread sees this tile's bytes land; no block barrier needed for them
       const int tile_no = (tt - t0) / ATT_TT;   // stamps: landed, scores done (as "read"), softmax done (as "issued")
       if (tt == t0) mark(cx, EV_FIRST_CHUNK);
       mark_chunk(cx, tile_no, CH_LANDED);
@@ -1746,9 +1761,7 @@ __device__ Job down_job(const Ctx& cx, const Smem& sm, int j) {
 // barrier fell from 1.3-1.6 to 0.7-1.1 µs).
 __device__ void moe_down_residual(const Ctx& cx, const Smem& sm) {
   const int busy = sm.rs->total % gridDim.x;   // the grid's first blocks ran one more gate/up unit
-  job_table(JS_DOWN, cx, sm);
-  if (threadIdx.x == 0) sm.rs->skew = busy;
-  __syncthreads();
+  job_table(JS_DOWN, cx, sm, busy);
   issue_first(sm.jobs(), sm);
   run_jobs(sm.jobs(), cx, sm);
 }
@@ -1760,9 +1773,10 @@ __device__ int job_count(JobSet set) {
 
 // A phase's job table in shared memory (local-memory tables cost an L2 round trip per read once
 // shared memory has taken most of L1), one job per thread: built serially by one thread it cost
-// ~0.3 µs per job on the critical path. The jobs' threads are in warp 0, which adds up their units.
+// ~0.3 µs per job on the critical path. The jobs' threads are in warp 0, which adds up their units. Its
+// first unit goes to block `skew` (the down table's, past the blocks that ran an extra gate/up unit).
 static_assert(N_SLOTS <= 32, "a phase's jobs fit in one warp");
-__device__ void job_table(JobSet set, const Ctx& cx, const Smem& sm) {
+__device__ void job_table(JobSet set, const Ctx& cx, const Smem& sm, int skew) {
   const int j = threadIdx.x, n = job_count(set);
   __syncthreads();   // earlier readers of the table are done
   int units = 0;
@@ -1782,7 +1796,7 @@ __device__ void job_table(JobSet set, const Ctx& cx, const Smem& sm) {
   }
   if (j < 32) {
     const int total = __reduce_add_sync(0xffffffffu, units);
-    if (j == 0) { sm.rs->total = total; sm.rs->skew = 0; }
+    if (j == 0) { sm.rs->total = total; sm.rs->skew = skew; }
   }
   __syncthreads();
 }
