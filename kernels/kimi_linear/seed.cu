@@ -116,9 +116,13 @@ constexpr size_t OFF_ATTN_O = OFF_BETA + align4(KDA_H);
 constexpr size_t OFF_LOGITS = OFF_ATTN_O + align4(imax(C_KDA, MLA_O_K));
 constexpr size_t OFF_QN = OFF_LOGITS + align4(N_EXPERTS);
 constexpr size_t OFF_QR = OFF_QN + (size_t)MLA_H * QK_NOPE;
-constexpr size_t OFF_QEFF = OFF_QR + (size_t)MLA_H * QK_ROPE;
+// q = [q_eff | q_rope] as the attention's MMA A fragments, bf16 high and low parts: words
+// [head group][k step][lane][high 0-3, low 0-3], so a lane's share of a k step is 32 contiguous bytes
+constexpr int Q_KSTEPS = ATT_K / 16;
+constexpr size_t OFF_QFRAG = OFF_QR + (size_t)MLA_H * QK_ROPE;
 constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l, ctx[KV_LORA]
-constexpr size_t OFF_APART = OFF_QEFF + (size_t)MLA_H * KV_LORA;
+constexpr size_t OFF_APART = OFF_QFRAG + (size_t)(MLA_H / ATT_HG) * Q_KSTEPS * 32 * 8;
+static_assert(OFF_QFRAG % 4 == 0 && OFF_APART % 4 == 0 && ATT_HG * APART_STRIDE % 4 == 0, "16-byte aligned q fragments and partials");
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t GU_PART_FLOATS = (size_t)(N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER;
 constexpr size_t SPLITK_FLOATS = (size_t)imax(KSPLIT_MLA * (MLA_Q_N + KVA_N), (int)GU_PART_FLOATS);
@@ -174,6 +178,7 @@ constexpr size_t SA_PH = SA_SC + 4 * (size_t)WARPS * 16 * SC_STRIDE;      // bf1
 constexpr size_t SA_PL = SA_PH + 2 * 16 * (size_t)P_STRIDE;               // bf16: p - high
 constexpr size_t SA_STAT = SA_PL + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
 constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * 16;
+static_assert(4 * ATT_HG * APART_STRIDE <= SA_SC, "a unit's partials are staged in the cache tiles' buffers");
 static_assert(KEY_TILE_BYTES % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
 constexpr size_t SM_MERGE_BYTES = 4 * (2 * ATTN_MAX_SPLITS + 2 * ABSORB_ROWS + 2 * THREADS + (size_t)WARPS * V_HEAD + 2);
 constexpr size_t DYN_SMEM = imax(imax((int)SM_GEMV_BYTES, (int)SM_ATTN_BYTES), (int)SM_MERGE_BYTES);
@@ -366,7 +371,7 @@ struct Ctx {
   __device__ float* logits() const { return scratch + OFF_LOGITS; }
   __device__ float* qn() const { return scratch + OFF_QN; }
   __device__ float* qr() const { return scratch + OFF_QR; }
-  __device__ float* qeff() const { return scratch + OFF_QEFF; }
+  __device__ unsigned* qfrag() const { return reinterpret_cast<unsigned*>(scratch + OFF_QFRAG); }
   __device__ float* apart() const { return scratch + OFF_APART; }
   __device__ float* splitk() const { return scratch + OFF_SPLITK; }
   __device__ unsigned long long* acc() const { return reinterpret_cast<unsigned long long*>(counters + CNT_ACC); }
@@ -1210,13 +1215,33 @@ struct AbsorbRow {
   __device__ float hi(int i) const { return (float)((v[i / 4] >> (shift(i) + 8)) & 0xfu); }
 };
 
+// Columns col and col + 1 (col even) of head h's q = [q_eff | q_rope] into q's attention fragments:
+// m16n8k16 A registers, rows g and g + 8 (heads), columns 2c and 2c + 8 of a k step, each as a bf16 pair
+// (the high part, and four words above it the low part v - high).
+__device__ void store_q_pair(const Ctx& cx, int h, int col, float x, float y) {
+  const int row = h % ATT_HG, within = col % 16;
+  const int lane = 4 * (row % 8) + (within % 8) / 2, reg = row / 8 + 2 * (within / 8);
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
+  unsigned* w = cx.qfrag() + (((size_t)(h / ATT_HG) * Q_KSTEPS + col / 16) * 32 + lane) * 8 + reg;
+  w[0] = *reinterpret_cast<const unsigned*>(&hi);
+  w[4] = *reinterpret_cast<const unsigned*>(&lo);
+}
+
 // q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).
 // Units are (head, part of the latent rows), so the grid shares the work and each unit is one round
-// trip: a lane loads its q slice, its weight row and its group's scales together.
+// trip: a lane loads its q slice, its weight row and its group's scales together. q_eff and q_rope go
+// out as the attention's fragments (store_q_pair); the blocks past the units (counted from the grid's
+// end) convert q_rope.
 __device__ __noinline__ void mla_absorb_q(const Ctx cx) {
   constexpr int LPR = QK_NOPE / 16, RPS = 32 / LPR;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
   const QW& W = cx.L->proj[2];
+  for (int i = (gridDim.x - 1 - blockIdx.x) * THREADS + threadIdx.x; i < MLA_H * QK_ROPE / 2; i += gridDim.x * THREADS) {
+    const int h = i / (QK_ROPE / 2), col = 2 * (i % (QK_ROPE / 2));
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(cx.qr() + h * QK_ROPE + col));
+    store_q_pair(cx, h, KV_LORA + col, v.x, v.y);
+  }
   for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
     const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
     const int col = h * KVB_HEAD + seg * 16;
@@ -1244,7 +1269,7 @@ __device__ __noinline__ void mla_absorb_q(const Ctx cx) {
         lo += __shfl_xor_sync(0xffffffffu, lo, o);
         hi += __shfl_xor_sync(0xffffffffu, hi, o);
       }
-      if (seg == 0) *reinterpret_cast<float2*>(cx.qeff() + h * KV_LORA + 2 * r) = make_float2(lo, hi);
+      if (seg == 0) store_q_pair(cx, h, 2 * r, lo, hi);
     }
   }
 }
@@ -1339,26 +1364,18 @@ __device__ void issue_first_key_tile(const Ctx& cx, const Smem& sm, int t0, int 
     issue_key_tile(cx, sm, reinterpret_cast<bf16*>(sm.base + SA_KEY), 0, t0, t1);
   }
 }
-// q's A fragments (m16n8k16, rows g and g + 8, columns 2c and 2c + 8 of the k step at k0) as bf16 high
-// and low parts: q = [q_eff | q_rope] of heads h0.., rows past ATT_HG zero.
-__device__ void q_fragments(const Ctx& cx, int h0, int k0, unsigned* hi, unsigned* lo) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  float2 v[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int row = g + 8 * (r & 1), col = k0 + 2 * c + 8 * (r >> 1);
-    v[r] = make_float2(0.0f, 0.0f);
-    if (row < ATT_HG)
-      v[r] = __ldcg(reinterpret_cast<const float2*>(col < KV_LORA ? cx.qeff() + (size_t)(h0 + row) * KV_LORA + col
-                                                                  : cx.qr() + (size_t)(h0 + row) * QK_ROPE + (col - KV_LORA)));
-  }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(v[r].x, v[r].y);
-    const __nv_bfloat162 l = __floats2bfloat162_rn(v[r].x - __low2float(h), v[r].y - __high2float(h));
-    hi[r] = *reinterpret_cast<const unsigned*>(&h);
-    lo[r] = *reinterpret_cast<const unsigned*>(&l);
-  }
+// q's A fragments of head group `group` at k step `ks` (store_q_pair's layout): two 16-byte loads per
+// lane. Rows past ATT_HG (fewer than 16 heads) are never written: zero. Read as fp32 and converted per
+// block, with four 8-byte loads per k step, q was staged 1.6 µs later at 2K and 2.3 at 16K; copies of q
+// (fewer blocks per line) gained nothing more (H100, BENCHMARKS.md 2026-12-06).
+__device__ void q_fragments(const Ctx& cx, int group, int ks, unsigned* hi, unsigned* lo) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  const uint4* p = reinterpret_cast<const uint4*>(cx.qfrag() + (((size_t)group * Q_KSTEPS + ks) * 32 + lane) * 8);
+  const uint4 h = __ldcg(p), l = __ldcg(p + 1);
+  hi[0] = h.x; hi[1] = h.y; hi[2] = h.z; hi[3] = h.w;
+  lo[0] = l.x; lo[1] = l.y; lo[2] = l.z; lo[3] = l.w;
+  if (g >= ATT_HG) hi[0] = hi[2] = lo[0] = lo[2] = 0u;
+  if (g + 8 >= ATT_HG) hi[1] = hi[3] = lo[1] = lo[3] = 0u;
 }
 
 // Split-context attention over the latent cache (absorbed form) on tensor cores, ATT_HG (16) heads
@@ -1374,7 +1391,7 @@ __device__ void q_fragments(const Ctx& cx, int h0, int k0, unsigned* hi, unsigne
 // competed with every other phase's, and the output and KDA projections ran ~1 µs slower each.
 __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
   constexpr int NPW = KV_LORA / 8 / WARPS;               // P*V n-tiles per warp
-  constexpr int KSTEPS = ATT_K / 16;
+  constexpr int KSTEPS = Q_KSTEPS;
   constexpr int KS_W = (KSTEPS + WARPS - 1) / WARPS;     // score k steps per warp: warp + WARPS * i
   constexpr int HPW = (ATT_HG + WARPS - 1) / WARPS;      // softmax heads per warp
   const float scale = MLA_SCALE;
@@ -1396,7 +1413,7 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
     unsigned qa[KS_W][2][4];   // [k step][high, low][fragment register]
 #pragma unroll
     for (int i = 0; i < KS_W; ++i)
-      if (i < KSTEPS / WARPS || warp + WARPS * i < KSTEPS) q_fragments(cx, h0, (warp + WARPS * i) * 16, qa[i][0], qa[i][1]);
+      if (i < KSTEPS / WARPS || warp + WARPS * i < KSTEPS) q_fragments(cx, h0 / ATT_HG, warp + WARPS * i, qa[i][0], qa[i][1]);
     for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = pl[i] = __float2bfloat16_rn(0.0f);
     if (threadIdx.x < 16) { stat[threadIdx.x] = NEG_INF; stat[16 + threadIdx.x] = 0.0f; stat[32 + threadIdx.x] = 1.0f; }
     float acc[NPW][4];
@@ -1494,17 +1511,25 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
       __syncthreads();   // the tiles are read; the next token tile may overwrite them
     }
     mark(cx, EV_COMPUTED);
+    // (m, l, ctx) of the unit's heads are staged in the tiles' buffers, then leave as one contiguous run of
+    // 16-byte stores (whole lines): each warp's float2 stores straight to global memory touched 8 rows per
+    // instruction and took 2.6 µs at 2K and 3.6 at 16K from the last tile computed; staged, 1.5 and 2.1
+    // (H100, BENCHMARKS.md 2026-12-06).
     float* part = cx.apart() + ((size_t)split * MLA_H + h0) * APART_STRIDE;
+    float* out = reinterpret_cast<float*>(sm.base + SA_KEY);
     if (threadIdx.x < ATT_HG) {
-      part[threadIdx.x * APART_STRIDE] = stat[threadIdx.x];
-      part[threadIdx.x * APART_STRIDE + 1] = stat[16 + threadIdx.x];
+      out[threadIdx.x * APART_STRIDE] = stat[threadIdx.x];
+      out[threadIdx.x * APART_STRIDE + 1] = stat[16 + threadIdx.x];
     }
 #pragma unroll
     for (int j = 0; j < NPW; ++j) {
       const int col = 2 + (warp * NPW + j) * 8 + 2 * c;
-      if (g < ATT_HG) *reinterpret_cast<float2*>(part + g * APART_STRIDE + col) = make_float2(acc[j][0], acc[j][1]);
-      if (g + 8 < ATT_HG) *reinterpret_cast<float2*>(part + (g + 8) * APART_STRIDE + col) = make_float2(acc[j][2], acc[j][3]);
+      if (g < ATT_HG) *reinterpret_cast<float2*>(out + g * APART_STRIDE + col) = make_float2(acc[j][0], acc[j][1]);
+      if (g + 8 < ATT_HG) *reinterpret_cast<float2*>(out + (g + 8) * APART_STRIDE + col) = make_float2(acc[j][2], acc[j][3]);
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < ATT_HG * (int)APART_STRIDE / 4; i += THREADS)
+      reinterpret_cast<float4*>(part)[i] = reinterpret_cast<const float4*>(out)[i];
     __syncthreads();
     mark(cx, EV_DONE);
   }
@@ -1514,6 +1539,8 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
 // Units are (head, part of the latent columns): a unit merges its ctx slice over every split and
 // multiplies it by the matching W_uv rows; the last part of a head to finish (arrival counter) adds
 // the parts in a fixed order. One block per head used to read every split's whole context serially.
+// A unit's latent pairs of every split are loaded with the splits' m and l, before the weights are known:
+// after them, 129 splits (8K, 16K) took two round trips for one thread in eight (16K: -1.3 µs, H100).
 __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
   constexpr int LPR = V_HEAD / 16, RPS = 32 / LPR, PAIRS = ABSORB_ROWS, PH = THREADS / PAIRS;
   constexpr int ROW_WARPS = ABSORB_ROWS / RPS < WARPS ? ABSORB_ROWS / RPS : WARPS;
@@ -1530,8 +1557,18 @@ __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
   const QW& W = cx.L->proj[2];
   float* opart = cx.splitk();   // [ABSORB_PARTS][MLA_H][V_HEAD]
   unsigned* count = cx.counters + CNT_MERGE;
+  constexpr int EARLY = 17;   // splits a thread loads at the unit's start: PH x 17 = 136 >= a 264-block grid's 132
   for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
     const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
+    const int pair = threadIdx.x % PAIRS, ph = threadIdx.x / PAIRS;
+    const float2* src = reinterpret_cast<const float2*>(cx.apart() + (size_t)h * APART_STRIDE + 2) + part * PAIRS + pair;
+    const int col = h * KVB_HEAD + QK_NOPE + seg * 16;
+    float2 x[EARLY];   // this part's latent pairs of every PH-th split, in flight with the splits' m and l
+#pragma unroll
+    for (int i = 0; i < EARLY; ++i) {
+      const int s = ph + i * PH;
+      x[i] = s < nsplit ? __ldcg(src + (size_t)s * MLA_H * APART_STRIDE / 2) : make_float2(0.0f, 0.0f);
+    }
     for (int s = threadIdx.x; s < nsplit; s += THREADS) {
       const float* pt = cx.apart() + ((size_t)s * MLA_H + h) * APART_STRIDE;
       wts[s] = __ldcg(pt);
@@ -1551,20 +1588,14 @@ __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
       if (lane == 0) *tot = L;
     }
     __syncthreads();
-    {   // this part's latent pairs: thread (ph, pair) sums every PH-th split, 16 loads in flight
-      const int pair = threadIdx.x % PAIRS, ph = threadIdx.x / PAIRS;
-      const float2* src = reinterpret_cast<const float2*>(cx.apart() + (size_t)h * APART_STRIDE + 2) + part * PAIRS + pair;
+    {   // thread (ph, pair) sums its splits' pairs, weighted
       float2 v = make_float2(0.0f, 0.0f);
-      for (int s0 = ph; s0 < nsplit; s0 += 16 * PH) {
-        float2 x[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int s = s0 + i * PH;
-          x[i] = s < nsplit ? __ldcg(src + (size_t)s * MLA_H * APART_STRIDE / 2) : make_float2(0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-          if (s0 + i * PH < nsplit) { v.x += wts[s0 + i * PH] * x[i].x; v.y += wts[s0 + i * PH] * x[i].y; }
+      for (int i = 0; i < EARLY; ++i)
+        if (ph + i * PH < nsplit) { v.x += wts[ph + i * PH] * x[i].x; v.y += wts[ph + i * PH] * x[i].y; }
+      for (int s = ph + EARLY * PH; s < nsplit; s += PH) {   // more splits (a larger grid): a round trip each
+        const float2 y = __ldcg(src + (size_t)s * MLA_H * APART_STRIDE / 2);
+        v.x += wts[s] * y.x; v.y += wts[s] * y.y;
       }
       acc2[ph * PAIRS + pair] = v;
     }
@@ -1576,7 +1607,6 @@ __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
       ctx[2 * threadIdx.x + 1] = v.y / *tot;
     }
     __syncthreads();
-    const int col = h * KVB_HEAD + QK_NOPE + seg * 16;
     float acc[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
