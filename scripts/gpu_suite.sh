@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnstart throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -130,18 +130,14 @@ for step in "$@"; do
       git apply traces/examples/kimi-tc-tile/seed-tc-tile.patch &&   # the device's copy of the tree: the patch as the seed
         { timeout 600 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/tctile_kimi.log" | tail -8
           git apply -R traces/examples/kimi-tc-tile/seed-tc-tile.patch; } ;;
-    attnstart)  # where the attention's start goes (thirty-fourth session): stamps at 2K and 16K of the seed, of the seed
-                # with its first tile issued as absorb q begins (attn-ahead.patch at ATTN_AHEAD=1) and of the seed with q
-                # in registers before its first tile is issued (attn-q-first.patch), then the three interleaved
-      x=traces/examples/kimi-attn-bulk
-      a=$(patched $x/attn-ahead.patch seed-ahead) && set_knobs "$a" ATTN_AHEAD=1 || { echo "patch failed"; continue; }
-      q=$(patched $x/attn-q-first.patch seed-q-first) || { echo "patch failed"; continue; }
-      for k in kernels/kimi_linear/seed.cu "$a" "$q"; do
-        timeout 150 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee -a "$OUT/attnstart_stamps.log" |
-          grep -E "kernel|L3 attention"
-      done
-      COLUMNS=200 timeout 200 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$a" "$q" --ctx 2048 --ctx 16384 \
-        --rounds 4 2>&1 | tee "$OUT/attnstart_compare.log" | tail -12 ;;
+    attnkept)  # what the thirty-fifth session keeps (q's fragment layout, partials staged, the merge's early loads):
+               # the seed before it (seed-change.patch reversed), the seed without the merge's early loads
+               # (merge-early.patch reversed) and the seed, interleaved at 2K / 8K / 16K
+      x=traces/examples/kimi-attn-out
+      b=$(patched $x/seed-change.patch before -R) && e=$(patched $x/merge-early.patch no-early -R) ||
+        { echo "patch failed"; continue; }
+      COLUMNS=200 timeout 260 python3 run_agent.py compare "$b" "$e" kernels/kimi_linear/seed.cu \
+        --ctx 2048 --ctx 8192 --ctx 16384 --rounds 4 2>&1 | tee "$OUT/attnkept_compare.log" | tail -14 ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
