@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -138,6 +138,12 @@ for step in "$@"; do
         { echo "patch failed"; continue; }
       COLUMNS=200 timeout 260 python3 run_agent.py compare "$b" "$e" kernels/kimi_linear/seed.cu \
         --ctx 2048 --ctx 8192 --ctx 16384 --rounds 4 2>&1 | tee "$OUT/attnkept_compare.log" | tail -14 ;;
+    qbulk)  # q's fragments by three bulk copies into shared memory (q-bulk.patch, ATT_Q_BULK; prepared in the thirty-fifth
+            # session): the seed against the patched seed, interleaved at 2K and 16K, the Kimi GPU tests on it, its stamps
+      KIMI_TESTS=1 NO_PHASES=1 knob_experiment traces/examples/kimi-q-bulk/q-bulk.patch qbulk ATT_Q_BULK=1
+      k=$(patched traces/examples/kimi-q-bulk/q-bulk.patch seed-q-bulk) || { echo "patch failed"; continue; }
+      timeout 150 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/qbulk_stamps.log" |
+        grep -E "kernel|L3 attention" ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
