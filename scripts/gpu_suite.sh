@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads relaxedkept throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -144,6 +144,15 @@ for step in "$@"; do
       k=$(patched traces/examples/kimi-q-bulk/q-bulk.patch seed-q-bulk) || { echo "patch failed"; continue; }
       timeout 150 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/qbulk_stamps.log" |
         grep -E "kernel|L3 attention" ;;
+    smallloads)  # fewer, wider requests at three sites (small-loads.patch, SMALL_LOADS; thirty-sixth session): the seed
+                 # against the patched seed, interleaved at 2K and 16K, the Kimi GPU tests on it, both phase timelines
+      KIMI_TESTS=1 knob_experiment traces/examples/kimi-small-loads/small-loads.patch smallloads SMALL_LOADS=1 ;;
+    relaxedkept)  # what the thirty-sixth session keeps (gate/up partials published without a fence, checked by their
+                  # readers): the seed before it (seed-change.patch reversed) and the seed, interleaved at 2K / 8K / 16K
+      x=traces/examples/kimi-relaxed-publish
+      b=$(patched $x/seed-change.patch before -R) || { echo "patch failed"; continue; }
+      COLUMNS=200 timeout 260 python3 run_agent.py compare "$b" kernels/kimi_linear/seed.cu \
+        --ctx 2048 --ctx 8192 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/relaxedkept_compare.log" | tail -12 ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
