@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads relaxedkept throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads relaxedkept deferfinish session36 throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -153,6 +153,18 @@ for step in "$@"; do
       b=$(patched $x/seed-change.patch before -R) || { echo "patch failed"; continue; }
       COLUMNS=200 timeout 260 python3 run_agent.py compare "$b" kernels/kimi_linear/seed.cu \
         --ctx 2048 --ctx 8192 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/relaxedkept_compare.log" | tail -12 ;;
+    session36)  # the thirty-sixth session's versions in one interleaved run: the seed before the relaxed gate/up
+                # publication (a9d32af), the seed (cf030ab) and the seed with defer-finish.patch (DEFER_FINISH 1)
+      v=$(mktemp -d)
+      b=$(patched traces/examples/kimi-relaxed-publish/seed-change.patch a9d32af -R) &&
+        d=$(patched traces/examples/kimi-defer-finish/defer-finish.patch defer) || { echo "patch failed"; continue; }
+      cp "$b" "$v/a9d32af.cu" && cp kernels/kimi_linear/seed.cu "$v/cf030ab.cu" && cp "$d" "$v/defer.cu"
+      COLUMNS=200 timeout 240 python3 run_agent.py compare "$v/a9d32af.cu" "$v/cf030ab.cu" "$v/defer.cu" \
+        --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session36_compare.log" | tail -12 ;;
+    deferfinish)  # the residual adds of the output and down projections made by the next phase's staging
+                  # (defer-finish.patch, DEFER_FINISH; thirty-sixth session): the seed against the patched seed,
+                  # interleaved at 2K and 16K (KIMI_TESTS=1: the Kimi GPU tests on it; NO_PHASES unset: timelines)
+      knob_experiment traces/examples/kimi-defer-finish/defer-finish.patch deferfinish DEFER_FINISH=1 ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
