@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads relaxedkept deferfinish session36 throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads relaxedkept deferfinish session36 acccount throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -165,6 +165,10 @@ for step in "$@"; do
                   # (defer-finish.patch, DEFER_FINISH; thirty-sixth session): the seed against the patched seed,
                   # interleaved at 2K and 16K (KIMI_TESTS=1: the Kimi GPU tests on it; NO_PHASES unset: timelines)
       knob_experiment traces/examples/kimi-defer-finish/defer-finish.patch deferfinish DEFER_FINISH=1 ;;
+    acccount)  # tile finishes by a count in each accumulator word (acc-count.patch, ACC_COUNT; prepared in the
+               # thirty-sixth session): the seed, the patch at 0 (control) and at 1, interleaved at 2K and 16K, the Kimi
+               # GPU tests on it, the phase timelines of the seed and of ACC_COUNT 1
+      KIMI_TESTS=1 knob_experiment traces/examples/kimi-acc-count/acc-count.patch acccount ACC_COUNT=0 ACC_COUNT=1 ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
