@@ -189,6 +189,21 @@ def test_gate_up_split_into_more_or_fewer_units_than_nine_is_slower():
     assert simulate(FULL, {**SEED_KNOBS, "KSPLIT_GU": 7}, MachineModel(), fixed).kernel_us > base
 
 
+def test_counted_accumulator_finishes_have_no_load_round_and_shorten_the_finishing_phases():
+    """ACC_COUNT (a knob of a prepared patch, absent from the seed): the output and down projections' column is
+    finished by its last add, so their units carry no sum round, and those phases get no longer."""
+    counted, plain = ({**SEED_KNOBS, "ACC_COUNT": v} for v in (1, 0))
+    finishing = [u for p in step_plan(FULL, counted) if p.simulated for t in p.tables for u in t.units
+                 if u.tile[0].endswith((" o", " down"))]
+    assert finishing and all(u.finish == Finish.COUNTED and u.sum_rounds == 0 for u in finishing)
+    fixed = fixed_spans(step_plan(FULL, SEED_KNOBS))
+    base, fast = (simulate(FULL, k, MachineModel(), fixed) for k in (plain, counted))
+    assert fast.kernel_us < base.kernel_us
+    for before, after in zip(base.phases, fast.phases, strict=True):
+        if before.name.endswith(("o_proj", "g/u+down")):
+            assert after.span_us <= before.span_us
+
+
 def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():
     plan = step_plan(FULL, SEED_KNOBS)
     fixed = fixed_spans(plan)

@@ -37,6 +37,8 @@ class Finish(str, Enum):
     RESIDUAL = "residual"   # accumulator add; the last arrival adds the total to the residual (output projections)
     MLA = "mla"             # split-K sum + RoPE / cache row (MLA q, kv_a)
     MOE_OUT = "moe_out"     # as RESIDUAL, over every expert slot's K slices (down)
+    COUNTED = "counted"     # accumulator add that counts itself in its word: a column's last add finishes it,
+                            # with no counter or second load (output and down projections with ACC_COUNT 1)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ def sum_rounds(parts: int, warps: int, finish: Finish) -> int:
     """Dependent load batches of a tile's last arrival: one for the accumulated finishes (a column's total and
     its residual at once); for sum_partials, each thread sums one float4 column of the tile over every P-th
     partial (P = threads / 64 slot phases), SUM_BATCH loads in flight."""
+    if finish == Finish.COUNTED:
+        return 0
     if finish in (Finish.RESIDUAL, Finish.MOE_OUT):
         return 1
     return -(-parts // (SUM_BATCH * max(1, warps * 32 // (TILE // 4))))
@@ -174,6 +178,7 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
     shared_blocks = frozenset(range(cfg.n_shared * tiles_of(f) * knobs["KSPLIT_SHARED"]))
     ks = knobs["KSPLIT_DOWN"]
     n_slots = cfg.n_active + cfg.n_shared
+    down_finish = Finish.COUNTED if knobs.get("ACC_COUNT", 0) else Finish.MOE_OUT
     slabs = f // 2 // SLAB_ROWS
     down = []
     for slot in range(n_slots):
@@ -182,8 +187,8 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
                 k0, k1 = split * slabs // ks * 2 * SLAB_ROWS, (split + 1) * slabs // ks * 2 * SLAB_ROWS
                 needs = tuple((f"L{layer} gu", slot, t) for t in range(k0 // TILE, (k1 - 1) // TILE + 1))
                 down.append(Unit(chunks=unit_chunks(f, split, ks, cfg.group, warps, paired=False),
-                                 finish=Finish.MOE_OUT, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
-                                 sum_rounds=sum_rounds(n_slots * ks, warps, Finish.MOE_OUT), needs=needs,
+                                 finish=down_finish, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
+                                 sum_rounds=sum_rounds(n_slots * ks, warps, down_finish), needs=needs,
                                  need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps), job=slot))
     prefetches = (Prefetch(shared_blocks, 2),) if knobs["PREFETCH"] else ()
     return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetches=prefetches),
@@ -194,12 +199,13 @@ def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
     """Every phase of one decode step, in kernel order, named as bytes_model names them ("L<i> <phase>")."""
     warps = knobs["THREADS"] // 32
     ahead = (Prefetch(),) if knobs["PREFETCH"] else ()
+    out_finish = Finish.COUNTED if knobs.get("ACC_COUNT", 0) else Finish.RESIDUAL   # a knob a seed may not have
     phases: list[Phase] = []
     for layer, kind in enumerate(cfg.pattern):
         names = list(layer_bytes(cfg, kind, 0))
         d, ko = cfg.hidden, cfg.kda_dim if kind == "K" else cfg.mla_heads * cfg.v_head
         out_proj = JobTable(units=tuple(job_units(f"L{layer} o", ko, d, knobs["KSPLIT_O"], cfg, warps,
-                                                  Finish.RESIDUAL)), staging=Staging.FLOATS, prefetches=ahead)
+                                                  out_finish)), staging=Staging.FLOATS, prefetches=ahead)
         first_ahead = ahead if layer > 0 else ()
         if kind == "K":
             project = [u for job, m in enumerate("qkvg")
