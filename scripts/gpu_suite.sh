@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads relaxedkept deferfinish session36 acccount throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -147,12 +147,6 @@ for step in "$@"; do
     smallloads)  # fewer, wider requests at three sites (small-loads.patch, SMALL_LOADS; thirty-sixth session): the seed
                  # against the patched seed, interleaved at 2K and 16K, the Kimi GPU tests on it, both phase timelines
       KIMI_TESTS=1 knob_experiment traces/examples/kimi-small-loads/small-loads.patch smallloads SMALL_LOADS=1 ;;
-    relaxedkept)  # what the thirty-sixth session keeps (gate/up partials published without a fence, checked by their
-                  # readers): the seed before it (seed-change.patch reversed) and the seed, interleaved at 2K / 8K / 16K
-      x=traces/examples/kimi-relaxed-publish
-      b=$(patched $x/seed-change.patch before -R) || { echo "patch failed"; continue; }
-      COLUMNS=200 timeout 260 python3 run_agent.py compare "$b" kernels/kimi_linear/seed.cu \
-        --ctx 2048 --ctx 8192 --ctx 16384 --rounds "${ROUNDS:-4}" 2>&1 | tee "$OUT/relaxedkept_compare.log" | tail -12 ;;
     session36)  # the thirty-sixth session's versions in one interleaved run: the seed before the relaxed gate/up
                 # publication (a9d32af), the seed (cf030ab) and the seed with defer-finish.patch (DEFER_FINISH 1)
       v=$(mktemp -d)
@@ -161,10 +155,6 @@ for step in "$@"; do
       cp "$b" "$v/a9d32af.cu" && cp kernels/kimi_linear/seed.cu "$v/cf030ab.cu" && cp "$d" "$v/defer.cu"
       COLUMNS=200 timeout 240 python3 run_agent.py compare "$v/a9d32af.cu" "$v/cf030ab.cu" "$v/defer.cu" \
         --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session36_compare.log" | tail -12 ;;
-    deferfinish)  # the residual adds of the output and down projections made by the next phase's staging
-                  # (defer-finish.patch, DEFER_FINISH; thirty-sixth session): the seed against the patched seed,
-                  # interleaved at 2K and 16K (KIMI_TESTS=1: the Kimi GPU tests on it; NO_PHASES unset: timelines)
-      knob_experiment traces/examples/kimi-defer-finish/defer-finish.patch deferfinish DEFER_FINISH=1 ;;
     acccount)  # tile finishes by a count in each accumulator word (acc-count.patch, ACC_COUNT; prepared in the
                # thirty-sixth session): the seed, the patch at 0 (control) and at 1, interleaved at 2K and 16K, the Kimi
                # GPU tests on it, the phase timelines of the seed and of ACC_COUNT 1
