@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc guaccfull pollahead throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -159,6 +159,26 @@ for step in "$@"; do
                # thirty-sixth session): the seed, the patch at 0 (control) and at 1, interleaved at 2K and 16K, the Kimi
                # GPU tests on it, the phase timelines of the seed and of ACC_COUNT 1
       KIMI_TESTS=1 knob_experiment traces/examples/kimi-acc-count/acc-count.patch acccount ACC_COUNT=0 ACC_COUNT=1 ;;
+    guacc)  # acc-count.patch with the gate/up partials as counted words too (acc-count-gu-acc.patch, GU_ACC; prepared in
+            # the thirty-seventh session): the seed, the patch with both knobs off (control), ACC_COUNT alone, and with
+            # GU_ACC 1 and 2; the Kimi GPU tests on it, the phase timelines of the seed and of the last variant
+      KIMI_TESTS=1 knob_experiment traces/examples/kimi-gu-acc/acc-count-gu-acc.patch guacc ACC_COUNT=0,GU_ACC=0 \
+        ACC_COUNT=1,GU_ACC=0 ACC_COUNT=1,GU_ACC=2 ACC_COUNT=1,GU_ACC=1 ;;
+    guaccfull)  # guacc's timings without the control and the timelines (ROUNDS 2), then everything the seed must pass with
+                # acc-count-gu-acc.patch applied at its defaults: the Kimi GPU tests, upstream check.py, bench, then
+                # the rest of the GPU suite (phases, cheats, agent, sandbox)
+      p=traces/examples/kimi-gu-acc/acc-count-gu-acc.patch
+      ROUNDS=${ROUNDS:-2} NO_PHASES=1 COMPARE_S=170 knob_experiment $p guacc ACC_COUNT=1,GU_ACC=0 ACC_COUNT=1,GU_ACC=2 \
+        ACC_COUNT=1,GU_ACC=1
+      git apply $p || continue
+      timeout 200 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/guacc_kimi_tests.log" | tail -6
+      BENCH_TASKS=kimi_linear bash "$0" upstream bench
+      timeout 500 python3 -m pytest -m gpu -q -rs tests/test_gpu_phases.py tests/test_gpu_cheats.py tests/test_gpu_agent.py \
+        tests/test_gpu_sandbox.py 2>&1 | tee "$OUT/guacc_other_tests.log" | tail -8
+      git apply -R $p ;;
+    pollahead)  # down units start loading their gate/up partials before the last K slice's arrival (poll-ahead.patch,
+                # POLL_AHEAD; prepared in the thirty-seventh session): the seed, the patch at 0 (control), 1 and 9
+      knob_experiment traces/examples/kimi-poll-ahead/poll-ahead.patch pollahead POLL_AHEAD=0 POLL_AHEAD=1 POLL_AHEAD=9 ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
