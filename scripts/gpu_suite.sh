@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc guaccfull pollahead throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc pollahead throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -17,9 +17,10 @@ print_eval(EvalResult.model_validate_json(open(sys.argv[1]).read()), Console(wid
 PY
 }
 
-patched() {  # patched PATCH NAME [-R]: a copy of the seed with PATCH applied (or reverted), as NAME.cu in a new temp folder; prints its path
+patched() {  # patched PATCH NAME [-R]: a copy of the seed (or of $PATCH_BASE) with PATCH applied (or reverted), as NAME.cu in a
+             # new temp folder; prints its path
   local t; t=$(mktemp -d)
-  mkdir -p "$t/kernels/kimi_linear" && cp kernels/kimi_linear/seed.cu "$t/kernels/kimi_linear/" &&
+  mkdir -p "$t/kernels/kimi_linear" && cp "${PATCH_BASE:-kernels/kimi_linear/seed.cu}" "$t/kernels/kimi_linear/seed.cu" &&
     (cd "$t" && git apply ${3:-} "$OLDPWD/$1") && cp "$t/kernels/kimi_linear/seed.cu" "$t/$2.cu" && echo "$t/$2.cu"
 }
 
@@ -150,32 +151,19 @@ for step in "$@"; do
     session36)  # the thirty-sixth session's versions in one interleaved run: the seed before the relaxed gate/up
                 # publication (a9d32af), the seed (cf030ab) and the seed with defer-finish.patch (DEFER_FINISH 1)
       v=$(mktemp -d)
-      b=$(patched traces/examples/kimi-relaxed-publish/seed-change.patch a9d32af -R) &&
-        d=$(patched traces/examples/kimi-defer-finish/defer-finish.patch defer) || { echo "patch failed"; continue; }
-      cp "$b" "$v/a9d32af.cu" && cp kernels/kimi_linear/seed.cu "$v/cf030ab.cu" && cp "$d" "$v/defer.cu"
+      s=$(patched traces/examples/kimi-acc-count/acc-count.patch cf030ab -R) &&   # the seed of cf030ab
+        b=$(PATCH_BASE=$s patched traces/examples/kimi-relaxed-publish/seed-change.patch a9d32af -R) &&
+        d=$(PATCH_BASE=$s patched traces/examples/kimi-defer-finish/defer-finish.patch defer) || { echo "patch failed"; continue; }
+      cp "$b" "$v/a9d32af.cu" && cp "$s" "$v/cf030ab.cu" && cp "$d" "$v/defer.cu"
       COLUMNS=200 timeout 240 python3 run_agent.py compare "$v/a9d32af.cu" "$v/cf030ab.cu" "$v/defer.cu" \
         --ctx 2048 --ctx 16384 --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session36_compare.log" | tail -12 ;;
     acccount)  # tile finishes by a count in each accumulator word (acc-count.patch, ACC_COUNT; prepared in the
                # thirty-sixth session): the seed, the patch at 0 (control) and at 1, interleaved at 2K and 16K, the Kimi
                # GPU tests on it, the phase timelines of the seed and of ACC_COUNT 1
       KIMI_TESTS=1 knob_experiment traces/examples/kimi-acc-count/acc-count.patch acccount ACC_COUNT=0 ACC_COUNT=1 ;;
-    guacc)  # acc-count.patch with the gate/up partials as counted words too (acc-count-gu-acc.patch, GU_ACC; prepared in
-            # the thirty-seventh session): the seed, the patch with both knobs off (control), ACC_COUNT alone, and with
-            # GU_ACC 1 and 2; the Kimi GPU tests on it, the phase timelines of the seed and of the last variant
-      KIMI_TESTS=1 knob_experiment traces/examples/kimi-gu-acc/acc-count-gu-acc.patch guacc ACC_COUNT=0,GU_ACC=0 \
-        ACC_COUNT=1,GU_ACC=0 ACC_COUNT=1,GU_ACC=2 ACC_COUNT=1,GU_ACC=1 ;;
-    guaccfull)  # guacc's timings without the control and the timelines (ROUNDS 2), then everything the seed must pass with
-                # acc-count-gu-acc.patch applied at its defaults: the Kimi GPU tests, upstream check.py, bench, then
-                # the rest of the GPU suite (phases, cheats, agent, sandbox)
-      p=traces/examples/kimi-gu-acc/acc-count-gu-acc.patch
-      ROUNDS=${ROUNDS:-2} NO_PHASES=1 COMPARE_S=170 knob_experiment $p guacc ACC_COUNT=1,GU_ACC=0 ACC_COUNT=1,GU_ACC=2 \
-        ACC_COUNT=1,GU_ACC=1
-      git apply $p || continue
-      timeout 200 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/guacc_kimi_tests.log" | tail -6
-      BENCH_TASKS=kimi_linear bash "$0" upstream bench
-      timeout 500 python3 -m pytest -m gpu -q -rs tests/test_gpu_phases.py tests/test_gpu_cheats.py tests/test_gpu_agent.py \
-        tests/test_gpu_sandbox.py 2>&1 | tee "$OUT/guacc_other_tests.log" | tail -8
-      git apply -R $p ;;
+    guacc)  # gate/up partials as counted accumulator words (gu-acc.patch, GU_ACC; measured in the thirty-seventh session
+            # with ACC_COUNT as one patch, at 11e4351 `guaccfull`): the seed, GU_ACC 0 (control), 2 and 1
+      knob_experiment traces/examples/kimi-gu-acc/gu-acc.patch guacc GU_ACC=0 GU_ACC=2 GU_ACC=1 ;;
     pollahead)  # down units start loading their gate/up partials before the last K slice's arrival (poll-ahead.patch,
                 # POLL_AHEAD; prepared in the thirty-seventh session): the seed, the patch at 0 (control), 1 and 9
       knob_experiment traces/examples/kimi-poll-ahead/poll-ahead.patch pollahead POLL_AHEAD=0 POLL_AHEAD=1 POLL_AHEAD=9 ;;

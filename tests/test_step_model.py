@@ -190,8 +190,8 @@ def test_gate_up_split_into_more_or_fewer_units_than_nine_is_slower():
 
 
 def test_counted_accumulator_finishes_have_no_load_round_and_shorten_the_finishing_phases():
-    """ACC_COUNT (a knob of a prepared patch, absent from the seed): the output and down projections' column is
-    finished by its last add, so their units carry no sum round, and those phases get no longer."""
+    """ACC_COUNT (the seed's default 1 since the thirty-seventh session): the output and down projections' column
+    is finished by its last add, so their units carry no sum round, and those phases get no longer."""
     counted, plain = ({**SEED_KNOBS, "ACC_COUNT": v} for v in (1, 0))
     finishing = [u for p in step_plan(FULL, counted) if p.simulated for t in p.tables for u in t.units
                  if u.tile[0].endswith((" o", " down"))]

@@ -14,7 +14,8 @@
 // slice) unit with all its warps, writes the partial, and the last block to finish a tile (arrival
 // counter) sums the partials in a fixed order and runs the tile's epilogue (RoPE, cache row). The
 // output and down projections add their partials into a fixed-point accumulator in L2 instead (integer
-// atomics), so their last arrival reads one total per column with the residual it adds it to.
+// atomics), so their last arrival reads one total per column with the residual it adds it to (with ACC_COUNT
+// each word counts its adds, and the add that completes a column finishes it).
 // Two projections leave the sum to their consumer instead, which takes the finish of a tile off the
 // critical path: the KDA delta rule sums the q/k/v/g partials of its head (and applies the conv and
 // the decay), and a down unit waits until every K slice of the gate/up tiles its own K slice reads has
@@ -57,6 +58,7 @@
 // @knob ATTN_MAX_SPLITS 160 {64,128,160} most context splits per head group in MLA attention (the grid allows 132)
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
+// @knob ACC_COUNT 1 {0,1} the output and down projections' accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -234,16 +236,31 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
 // A partial of magnitude 2^22 or more, or not finite, adds ACC_POISON instead, and a total that holds one
 // reads back as NaN: legal partials (< 2^44 units, at most ACC_MAX_PARTS of them) stay below 2^51 in total,
 // and up to ACC_MAX_PARTS poisons (2^54 each) neither wrap nor cancel below 2^53.
+// With ACC_COUNT a word also counts its adds in its top bits (ACC_COUNT_UNIT each, at most ACC_MAX_PARTS = 72):
+// the add that completes the count returns the column's whole total, so that unit finishes the column with no
+// tile counter, no fence and no second load. The sum below the count keeps 2^55 of room: legal partials are
+// < 2^40 units (|v| < 2^18), a poison is 2^48, and a total reads back as NaN from 2^47.
 constexpr float ACC_ONE = 4194304.0f;                    // 2^22 units per 1.0
-constexpr long long ACC_POISON = 1ll << 54;
-constexpr int ACC_MAX_PARTS = 128;
-__device__ __forceinline__ void acc_add(unsigned long long* a, float v) {
+constexpr float ACC_LEGAL = ACC_COUNT ? 1099511627776.0f : ACC_ONE * ACC_ONE;   // 2^40 or 2^44 units
+constexpr long long ACC_POISON = ACC_COUNT ? 1ll << 48 : 1ll << 54;
+constexpr int ACC_MAX_PARTS = ACC_COUNT ? 72 : 128;
+constexpr unsigned long long ACC_COUNT_UNIT = 1ull << 56;
+__device__ __forceinline__ unsigned long long acc_units(float v) {
   const float u = v * ACC_ONE;
-  const long long q = fabsf(u) < ACC_ONE * ACC_ONE ? __float2ll_rn(u) : ACC_POISON;   // NaN fails the test too
-  atomicAdd(a, (unsigned long long)q);
+  return (unsigned long long)(fabsf(u) < ACC_LEGAL ? __float2ll_rn(u) : ACC_POISON);   // NaN fails the test too
 }
+__device__ __forceinline__ void acc_add(unsigned long long* a, float v) { atomicAdd(a, acc_units(v)); }
+// ACC_COUNT: add v and one arrival; returns the word as this add left it (a global atomic: the pointer comes
+// from the job table in shared memory, and a generic one carries a shared-window fallback)
+__device__ __forceinline__ unsigned long long acc_add_counted(unsigned long long* a, float v) {
+  const unsigned long long d = acc_units(v) + ACC_COUNT_UNIT;
+  unsigned long long old;
+  asm volatile("atom.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(__cvta_generic_to_global(a)), "l"(d) : "memory");
+  return old + d;
+}
+__device__ __forceinline__ unsigned long long acc_parts(unsigned long long a) { return (a + ACC_COUNT_UNIT / 2) >> 56; }
 __device__ __forceinline__ float acc_value(unsigned long long a) {
-  const long long s = (long long)a;
+  const long long s = (long long)(ACC_COUNT ? a - acc_parts(a) * ACC_COUNT_UNIT : a);
   return s < ACC_POISON / 2 && s > -ACC_POISON / 2 ? __ll2float_rn(s) * (1.0f / ACC_ONE) : __int_as_float(0x7fffffff);
 }
 
@@ -830,12 +847,25 @@ __device__ bool last_arrival(const Job& jb, int tile, const Smem& sm) {
 }
 
 // The residual adds of the output and down projections: a unit adds its partial into the accumulator;
-// the tile's last arrival loads each column's total and residual at once (one round trip, where the
+// with ACC_COUNT the add that completes a column's count finishes that column, otherwise the tile's last
+// arrival loads each column's total and residual at once (one round trip, where the
 // partial sums and then the residual took two), writes hidden_out = bf16(residual + bf16(total)) and
 // zeroes the column for the next phase.
 __device__ void finish_accumulated(const Job& jb, int tile, const Ctx& cx, const Smem& sm) {
   const int n = tile * TILE + threadIdx.x;
   const bool on = threadIdx.x < TILE && n < jb.N;
+  if (ACC_COUNT) {   // the column's last add finishes it (only that unit writes hidden_out[n] in this phase)
+    if (on) {
+      bf16* const out = cx.p->hidden_out;   // loaded before the atomic, with the residual
+      const float resid = ld_bf16((jb.epi == EPI_RESIDUAL ? cx.resid : out) + n);
+      const unsigned long long now = acc_add_counted(jb.acc + n, sm.sums()[threadIdx.x] * jb.weight);
+      if (acc_parts(now) == (unsigned long long)jb.nslots) {
+        jb.acc[n] = 0ull;
+        out[n] = __float2bfloat16_rn(resid + bf16r(acc_value(now)));
+      }
+    }
+    return;
+  }
   if (on) acc_add(jb.acc + n, sm.sums()[threadIdx.x] * jb.weight);
   __syncthreads();
   if (!last_arrival(jb, tile, sm)) return;

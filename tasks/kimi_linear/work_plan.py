@@ -199,7 +199,7 @@ def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
     """Every phase of one decode step, in kernel order, named as bytes_model names them ("L<i> <phase>")."""
     warps = knobs["THREADS"] // 32
     ahead = (Prefetch(),) if knobs["PREFETCH"] else ()
-    out_finish = Finish.COUNTED if knobs.get("ACC_COUNT", 0) else Finish.RESIDUAL   # a knob a seed may not have
+    out_finish = Finish.COUNTED if knobs.get("ACC_COUNT", 0) else Finish.RESIDUAL   # seeds before ACC_COUNT: 0
     phases: list[Phase] = []
     for layer, kind in enumerate(cfg.pattern):
         names = list(layer_bytes(cfg, kind, 0))
