@@ -80,9 +80,10 @@ class MachineModel(BaseModel):
     # the last arrival's finish beyond its rounds of loads. RESIDUAL and MOE_OUT refitted to the accumulator
     # finish (H100 stamps, 2026-12-06: output projections 1.3 µs and MoE phases 0.8-2.4 µs shorter than with
     # the partial sums, fitted at 1.8 and 2.5; the MoE's slower barrier after its atomics is in that 1.0)
-    # COUNTED: the column's last adder stores it (its atomic's round trip is the publish); an estimate, not fitted
+    # COUNTED: the column's last adder stores it. Fitted to the end-to-end change, not to stamps (H200, 2026-12-06:
+    # ACC_COUNT 0 -> 1 measured -6.2 / -5.5 us/token at 2K / 16K; the first estimate, 0.1, predicted -10.8)
     epilogue_us: dict[Finish, float] = {Finish.PARTIAL: 0.0, Finish.RESIDUAL: 0.5, Finish.MLA: 2.0,
-                                        Finish.MOE_OUT: 1.0, Finish.COUNTED: 0.1}
+                                        Finish.MOE_OUT: 1.0, Finish.COUNTED: 0.7}
     staging_us: dict[Staging, float] = {Staging.RMSNORM: 1.3, Staging.FLOATS: 0.7, Staging.ROUTE: 2.9}
     swiglu_us: float = Field(0.3, ge=0, description="a down unit's SwiGLU staging, besides its partial loads")
     arrive_us: float = Field(0.3, ge=0, description="last work to arrival at the grid barrier")
