@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc pollahead throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -164,6 +164,11 @@ for step in "$@"; do
     guacc)  # gate/up partials as counted accumulator words (gu-acc.patch, GU_ACC; measured in the thirty-seventh session
             # with ACC_COUNT as one patch, at 11e4351 `guaccfull`): the seed, GU_ACC 0 (control), 2 and 1
       knob_experiment traces/examples/kimi-gu-acc/gu-acc.patch guacc GU_ACC=0 GU_ACC=2 GU_ACC=1 ;;
+    downsplit)  # the down projections' K split after the counted finish (the schedule model, 37th session: KSPLIT_DOWN
+                # 3 -> 4 -2.7 kernel us, 3 -> 2 -1.3): the seed and both moves, interleaved at 2K and 16K
+      v=$(mktemp -d); for k in 3 2 4; do cp kernels/kimi_linear/seed.cu "$v/down$k.cu"; set_knobs "$v/down$k.cu" KSPLIT_DOWN=$k; done
+      COLUMNS=200 timeout 300 python3 run_agent.py compare "$v/down3.cu" "$v/down2.cu" "$v/down4.cu" --ctx 2048 --ctx 16384 \
+        --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/downsplit_compare.log" | tail -12 ;;
     pollahead)  # down units start loading their gate/up partials before the last K slice's arrival (poll-ahead.patch,
                 # POLL_AHEAD; prepared in the thirty-seventh session): the seed, the patch at 0 (control), 1 and 9
       knob_experiment traces/examples/kimi-poll-ahead/poll-ahead.patch pollahead POLL_AHEAD=0 POLL_AHEAD=1 POLL_AHEAD=9 ;;
