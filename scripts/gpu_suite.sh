@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -172,6 +172,19 @@ for step in "$@"; do
     pollahead)  # down units start loading their gate/up partials before the last K slice's arrival (poll-ahead.patch,
                 # POLL_AHEAD; prepared in the thirty-seventh session): the seed, the patch at 0 (control), 1 and 9
       knob_experiment traces/examples/kimi-poll-ahead/poll-ahead.patch pollahead POLL_AHEAD=0 POLL_AHEAD=1 POLL_AHEAD=9 ;;
+    routerrows)  # the router blocks' rows copied into their idle ring at the barrier before the router phase
+                 # (router-rows.patch, ROUTER_SMEM; 38th session): the seed, the patch at 0 (control) and 1,
+                 # interleaved at 2K and 16K; the patched seed's timeline at 2K; the kernel's GPU tests (Kimi,
+                 # phases, cheats) and upstream check.py with the patch as the seed
+      x=traces/examples/kimi-router-rows/router-rows.patch
+      NO_PHASES=1 knob_experiment $x routerrows ROUTER_SMEM=0 ROUTER_SMEM=1
+      k=$(patched $x seed-router-rows) || { echo "patch failed"; continue; }
+      timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/routerrows_phases.log" |
+        grep -E "timeline|router|g/u|total"
+      git apply $x && {
+        timeout 300 python3 -m pytest -m gpu -q -rs ${ROUTERROWS_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
+          tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/routerrows_gpu_tests.log" | tail -4
+        bash "$0" upstream 2>&1 | tail -3; git apply -R $x; } ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
