@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -185,6 +185,14 @@ for step in "$@"; do
         timeout 300 python3 -m pytest -m gpu -q -rs ${ROUTERROWS_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
           tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/routerrows_gpu_tests.log" | tail -4
         bash "$0" upstream 2>&1 | tail -3; git apply -R $x; } ;;
+    timeline)  # the seed's phase timelines at 2K and 16K as `bench --json` (the schedule model's --timeline input)
+      timeout 200 python3 run_agent.py bench --ctx 2048 --ctx 16384 --phases --json > "$OUT/bench-phases-h200.json" \
+        2> "$OUT/bench-phases.err"; tail -3 "$OUT/bench-phases.err" ;;
+    moechain)  # which blocks and events close the MoE phase: one step's per-block stamps (events build) at 2K,
+               # then the L1 MoE phase's latest blocks and block groups
+      timeout 200 python3 scripts/kimi_phase_stamps.py --ctx 2048 --raw "$OUT/stamps" > "$OUT/stamps-2048.log" 2>&1
+      tail -3 "$OUT/stamps-2048.log"
+      python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" 2>&1 | tee "$OUT/moechain.txt" ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
