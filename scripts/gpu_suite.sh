@@ -189,10 +189,11 @@ for step in "$@"; do
       timeout 200 python3 run_agent.py bench --ctx 2048 --ctx 16384 --phases --json > "$OUT/bench-phases-h200.json" \
         2> "$OUT/bench-phases.err"; tail -3 "$OUT/bench-phases.err" ;;
     moechain)  # which blocks and events close the MoE phase: one step's per-block stamps (events build) at 2K,
-               # then the L1 MoE phase's latest blocks and block groups
+               # then the L1 MoE phase's latest blocks and block groups (the seed's knobs: 0-35 a shared and a routed
+               # gate/up unit and a down unit, 36-38 two routed and a down, 39-59 two routed, 60- one routed and a down)
       timeout 200 python3 scripts/kimi_phase_stamps.py --ctx 2048 --raw "$OUT/stamps" > "$OUT/stamps-2048.log" 2>&1
       tail -3 "$OUT/stamps-2048.log"
-      python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" 2>&1 | tee "$OUT/moechain.txt" ;;
+      python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60 2>&1 | tee "$OUT/moechain.txt" ;;
     coldcode)  # is a once-per-step phase slower the first time its code runs? absorb q, attention, merge, router twice
       k=$(patched traces/examples/kimi-cold-code/seed-twice.patch seed-twice) || { echo "patch failed"; continue; }
       timeout 300 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 16384 2>&1 | tee "$OUT/coldcode.log" | head -70 ;;
