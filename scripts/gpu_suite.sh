@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows foldsplit timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -185,6 +185,14 @@ for step in "$@"; do
         timeout 300 python3 -m pytest -m gpu -q -rs ${ROUTERROWS_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
           tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/routerrows_gpu_tests.log" | tail -4
         bash "$0" upstream 2>&1 | tail -3; git apply -R $x; } ;;
+    foldsplit)  # the GEMV fold split across the lane pair (fold-split.patch, FOLD_SPLIT; 39th session): the seed, the
+                # patch at 0 (control) and 1, interleaved at 2K and 16K; the Kimi GPU tests with the patch as the seed;
+                # the patched seed's timeline at 2K
+      x=traces/examples/kimi-fold-split/fold-split.patch
+      KIMI_TESTS=1 NO_PHASES=1 knob_experiment $x foldsplit FOLD_SPLIT=0 FOLD_SPLIT=1
+      k=$(patched $x seed-fold-split) || { echo "patch failed"; continue; }
+      timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/foldsplit_phases.log" |
+        grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
     timeline)  # the seed's phase timelines at 2K and 16K as `bench --json` (the schedule model's --timeline input)
       timeout 200 python3 run_agent.py bench --ctx 2048 --ctx 16384 --phases --json > "$OUT/bench-phases-h200.json" \
         2> "$OUT/bench-phases.err"; tail -3 "$OUT/bench-phases.err" ;;
