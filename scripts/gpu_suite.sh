@@ -185,11 +185,12 @@ for step in "$@"; do
         timeout 300 python3 -m pytest -m gpu -q -rs ${ROUTERROWS_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
           tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/routerrows_gpu_tests.log" | tail -4
         bash "$0" upstream 2>&1 | tail -3; git apply -R $x; } ;;
-    foldsplit)  # the GEMV fold split across the lane pair (fold-split.patch, FOLD_SPLIT; 39th session): the seed, the
-                # patch at 0 (control) and 1, interleaved at 2K and 16K; the Kimi GPU tests with the patch as the seed;
+    foldsplit)  # the GEMV fold split across the lane pair (fold-split.patch, FOLD_SPLIT, HI_BY_SUB; 39th session): the
+                # seed, the patch with both 0 (control), FOLD_SPLIT alone and both, interleaved at 2K and 16K; the Kimi GPU tests with the patch as the seed;
                 # the patched seed's timeline at 2K
       x=traces/examples/kimi-fold-split/fold-split.patch
-      KIMI_TESTS=1 NO_PHASES=1 knob_experiment $x foldsplit FOLD_SPLIT=0 FOLD_SPLIT=1
+      KIMI_TESTS=1 NO_PHASES=1 knob_experiment $x foldsplit FOLD_SPLIT=0,HI_BY_SUB=0 FOLD_SPLIT=1,HI_BY_SUB=0 \
+        FOLD_SPLIT=1,HI_BY_SUB=1
       k=$(patched $x seed-fold-split) || { echo "patch failed"; continue; }
       timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/foldsplit_phases.log" |
         grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
