@@ -76,7 +76,8 @@ def dp2a(x_pair: numpy.ndarray, word: numpy.ndarray, high: bool) -> numpy.ndarra
 
 def test_paired_nibbles_give_each_column_its_two_weights_as_the_kernel_s_dp2a_reads_them():
     """gemv_chunk's per-word arithmetic on pair_nibbles' layout: an AND with 0x0F0F0F0F and .lo/.hi DP2A give
-    columns c, c+1; an AND with 0xF0F0F0F0 gives 16x columns c+2, c+3, against the exact sum over k = 2r, 2r+1."""
+    columns c, c+1; .lo/.hi DP2A of the whole word less those give 16x columns c+2, c+3, against the exact sum
+    over k = 2r, 2r+1."""
     gen = torch.Generator().manual_seed(3)
     q = torch.randint(0, 16, (2 * 6, 256), generator=gen, dtype=torch.uint8)   # (k, columns)
     packed = pack_int4(q)                                                       # (r, columns)
@@ -87,9 +88,10 @@ def test_paired_nibbles_give_each_column_its_two_weights_as_the_kernel_s_dp2a_re
     words = paired.numpy().view("<u4").astype(numpy.int64)                     # (r, 64): columns 4w..4w+3
     x = numpy.random.default_rng(4).integers(-32767, 32768, size=(6, 2), dtype=numpy.int64)   # (x[2r], x[2r+1])
     xr = x[:, None, :]
-    lo, hi = words & 0x0F0F0F0F, words & 0xF0F0F0F0
-    got = numpy.stack([dp2a(xr, lo, False), dp2a(xr, lo, True),
-                       dp2a(xr, hi, False) // 16, dp2a(xr, hi, True) // 16], axis=-1).reshape(6, 256)
+    lo = words & 0x0F0F0F0F
+    a_lo, a_hi = dp2a(xr, lo, False), dp2a(xr, lo, True)
+    got = numpy.stack([a_lo, a_hi, (dp2a(xr, words, False) - a_lo) // 16, (dp2a(xr, words, True) - a_hi) // 16],
+                      axis=-1).reshape(6, 256)
     qn = q.numpy().astype(numpy.int64)
     want = x[:, 0:1] * qn[0::2] + x[:, 1:2] * qn[1::2]
     assert numpy.array_equal(got, want)
