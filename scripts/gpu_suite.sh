@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows foldsplit timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows foldsplit session39 timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -194,6 +194,17 @@ for step in "$@"; do
       k=$(patched $x seed-fold-split) || { echo "patch failed"; continue; }
       timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/foldsplit_phases.log" |
         grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
+    session39)  # the seed with the fold split landed: the whole GPU suite, bench at 2K / 8K / 16K, upstream check.py;
+                # then the seed before it (seed-before-fold.patch) interleaved against it, and the chunk probe of both
+      bash "$0" tests
+      BENCH_TASKS=kimi_linear bash "$0" bench
+      bash "$0" upstream 2>&1 | tail -3
+      b=$(patched traces/examples/kimi-fold-split/seed-before-fold.patch seed-before-fold) || { echo "patch failed"; continue; }
+      COLUMNS=200 timeout 200 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$b" --ctx 2048 --ctx 16384 \
+        --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session39_compare.log" | tail -8
+      for f in kernels/kimi_linear/seed.cu "$b"; do
+        timeout 120 python3 scripts/chunk_probe.py "$f" 2>&1 | tee -a "$OUT/chunk_probe.log" | tail -12
+      done ;;
     timeline)  # the seed's phase timelines at 2K and 16K as `bench --json` (the schedule model's --timeline input)
       timeout 200 python3 run_agent.py bench --ctx 2048 --ctx 16384 --phases --json > "$OUT/bench-phases-h200.json" \
         2> "$OUT/bench-phases.err"; tail -3 "$OUT/bench-phases.err" ;;
