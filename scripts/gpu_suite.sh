@@ -194,9 +194,11 @@ for step in "$@"; do
       k=$(patched $x seed-fold-split) || { echo "patch failed"; continue; }
       timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/foldsplit_phases.log" |
         grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
-    session39)  # the seed with the fold split landed: the whole GPU suite, bench at 2K / 8K / 16K, upstream check.py;
-                # then the seed before it (seed-before-fold.patch) interleaved against it, and the chunk probe of both
-      bash "$0" tests
+    session39)  # the seed with the fold split landed: its GPU tests (Kimi, phases, cheats; SESSION39_TESTS=tests: the
+                # whole suite), bench at 2K / 8K / 16K, upstream check.py; then the seed before it
+                # (seed-before-fold.patch) interleaved against it, and the chunk probe of both
+      timeout 600 python3 -m pytest -m gpu -q -rs ${SESSION39_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
+        tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
       BENCH_TASKS=kimi_linear bash "$0" bench
       bash "$0" upstream 2>&1 | tail -3
       b=$(patched traces/examples/kimi-fold-split/seed-before-fold.patch seed-before-fold) || { echo "patch failed"; continue; }
