@@ -195,15 +195,15 @@ for step in "$@"; do
       timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/foldsplit_phases.log" |
         grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
     session39)  # the seed with the fold split landed: its GPU tests (Kimi, phases, cheats; SESSION39_TESTS=tests: the
-                # whole suite), bench at 2K / 8K / 16K, upstream check.py; then the seed before it
-                # (seed-before-fold.patch) interleaved against it, and the chunk probe of both
+                # whole suite) and upstream check.py; the seed before it (seed-before-fold.patch) interleaved against
+                # it; bench at 2K / 8K / 16K; the chunk probe of both seeds
       timeout 600 python3 -m pytest -m gpu -q -rs ${SESSION39_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
         tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
-      BENCH_TASKS=kimi_linear bash "$0" bench
       bash "$0" upstream 2>&1 | tail -3
       b=$(patched traces/examples/kimi-fold-split/seed-before-fold.patch seed-before-fold) || { echo "patch failed"; continue; }
       COLUMNS=200 timeout 200 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$b" --ctx 2048 --ctx 16384 \
         --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session39_compare.log" | tail -8
+      BENCH_TASKS=kimi_linear bash "$0" bench
       for f in kernels/kimi_linear/seed.cu "$b"; do
         timeout 120 python3 scripts/chunk_probe.py "$f" 2>&1 | tee -a "$OUT/chunk_probe.log" | tail -12
       done ;;
