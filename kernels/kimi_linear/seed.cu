@@ -58,6 +58,8 @@
 // @knob ATTN_MAX_SPLITS 160 {64,128,160} most context splits per head group in MLA attention (the grid allows 132)
 // @knob BLOCKS_PER_SM 2 {1,2} co-resident blocks per SM (grid = SMs x this)
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
+// @knob FOLD_SPLIT 1 {0,1} the two row halves of a GEMV lane pair swap their int32 column sums so each lane folds 8 of its 16 columns (0: each lane folds 16, then the halves add their floats)
+// @knob HI_BY_SUB 1 {0,1} the high nibbles' DP2A take the whole packed bytes, and the low nibbles' sums are subtracted once per slab (one LOP3 per weight word instead of two)
 // @knob ACC_COUNT 1 {0,1} the output and down projections' accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival)
 
 #include <cuda_bf16.h>
@@ -585,37 +587,37 @@ __device__ __forceinline__ int dp2a_hi(int a, unsigned b, int c) {
   return d;
 }
 
-// acc (8 of this lane's pair's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
+// acc (this lane's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
 // [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE); x as int16 blocks (xi, xs).
 // The binding pairs each word's nibbles (MK_PAIRED_NIBBLES): the word of columns c..c+3 of packed row r
 // holds, byte by byte, (c, 2r) (c, 2r+1) (c+1, 2r) (c+1, 2r+1) in its low nibbles and the same of columns
-// c+2, c+3 in its high ones. So one AND per word lines up a column's two weights (its low nibbles) with the
-// int16 pair (x[2r], x[2r+1]) for DP2A; the whole bytes give q_lo + 16 q_hi, and the low nibbles' sums come
-// off once per slab, leaving 16x the high nibbles' (scaled back in the fold). Lanes seg and seg + 16 hold the
-// same 16 columns for the slab's even and odd packed rows; each sums its 16 k in int32, then the two swap
-// half their sums, so each lane folds 8 columns over the slab's 32 k (at most 32 * 255 * 2^14 < 2^31) once:
-// y += scale * xs * (sum q*xi - zero * sum xi), the zero point out exactly. Against folding 16 columns per
-// lane and adding the halves' floats, with two ANDs per word: ~70 fewer of a chunk step's ~500 instructions
-// per warp, 1.011x / 1.008x per token (H100, BENCHMARKS.md, thirty-ninth session).
+// c+2, c+3 in its high ones. So one AND per half word lines up a column's two weights with the int16 pair
+// (x[2r], x[2r+1]) for DP2A: the low nibbles as q, the high ones as 16q (scaled back in the fold). A lane
+// sums its 16 columns over its 16 k of the slab in int32 (at most 16 * 15 * 2^14 * 16 < 2^31), and
+// folds once: y += scale * xs * (sum q*xi - zero * sum xi), the zero point out exactly. With FOLD_SPLIT the
+// two lanes of a column pair (the slab's even and odd rows) first swap half their sums, so each folds 8
+// columns over all 32 k (twice the bound, still < 2^31): half the fold's instructions, and no float
+// reduction across the halves in fold_chunk (~45 fewer of a chunk step's ~500 per warp, SASS). With HI_BY_SUB
+// the high nibbles' DP2A read the whole bytes (q_lo + 16 q_hi, at most 255 * 2^14 * 32 < 2^31 after the
+// swap) and the low nibbles' sums come off once per slab: 32 fewer LOP3, 8 more IADD per warp and slab.
 __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
                            const short* xi, const float* xs, float* acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int seg = lane & 15, par = lane >> 4;
   const int slab = slab_begin + warp;
-  if (slab >= slab_end) return;
-  // Lanes past the tile's last column compute on whatever the slot holds there and fold nothing: they take
-  // part in the pair swaps, so every shuffle names the whole warp.
+  // Lanes past the tile's last column compute on whatever the slot holds there and fold nothing (FOLD_SPLIT:
+  // they take part in the pair swaps, so every shuffle names the whole warp) or return here.
   const bool live = col0 + seg * 16 < N;
+  if (slab >= slab_end || (!FOLD_SPLIT && !live)) return;
   const int row0 = slab * SLAB + par;             // this lane's rows: row0 + 2i
   const int gi = (slab * SLAB) / GROUP_ROWS - (slab_begin * SLAB) / GROUP_ROWS;
   const unsigned char* wp = slot + (size_t)(warp * SLAB + par) * TILE + seg * 16;
   uint4 w[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) w[i] = *reinterpret_cast<const uint4*>(wp + (size_t)(2 * i) * TILE);
-  // this half's 8 scales and zeros (bf16): word j holds its columns 2j, 2j + 1
-  const size_t g_seg = RING_W_BYTES + (size_t)seg * 32 + par * 16;
-  const uint4 s4 = *reinterpret_cast<const uint4*>(slot + g_seg + gi * RING_G_BYTES);
-  const uint4 z4 = *reinterpret_cast<const uint4*>(slot + g_seg + (CHUNK_GROUPS + gi) * RING_G_BYTES);
+  const uint4* sp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + gi * RING_G_BYTES + seg * 32);
+  const uint4* zp = reinterpret_cast<const uint4*>(slot + RING_W_BYTES + (CHUNK_GROUPS + gi) * RING_G_BYTES + seg * 32);
+  const uint4 sraw[2] = {sp[0], sp[1]}, zraw[2] = {zp[0], zp[1]};   // 16 scales, 16 zeros (bf16)
   const float x_scale = xs[slab];                 // a slab's k is one x block
   const int* xw = reinterpret_cast<const int*>(xi);
   int a[16];
@@ -628,56 +630,85 @@ __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_
     xsum = dp2a_lo(xp, 0x0101u, xsum);
     const unsigned v[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3: a[4j], a[4j+1] from the low nibbles, a[4j+2], a[4j+3] whole
-      const unsigned lo = v[j] & 0x0F0F0F0Fu;
+    for (int j = 0; j < 4; ++j) {   // columns 4j..4j+3: a[4j], a[4j+1] from the low nibbles, 16x a[4j+2], a[4j+3]
+      const unsigned lo = v[j] & 0x0F0F0F0Fu, hi = HI_BY_SUB ? v[j] : v[j] & 0xF0F0F0F0u;
       a[4 * j + 0] = dp2a_lo(xp, lo, a[4 * j + 0]);
       a[4 * j + 1] = dp2a_hi(xp, lo, a[4 * j + 1]);
-      a[4 * j + 2] = dp2a_lo(xp, v[j], a[4 * j + 2]);
-      a[4 * j + 3] = dp2a_hi(xp, v[j], a[4 * j + 3]);
+      a[4 * j + 2] = dp2a_lo(xp, hi, a[4 * j + 2]);
+      a[4 * j + 3] = dp2a_hi(xp, hi, a[4 * j + 3]);
     }
   }
+  if (HI_BY_SUB) {   // whole bytes summed: the high nibbles' sums are those less the low nibbles'
 #pragma unroll
-  for (int j = 0; j < 4; ++j) { a[4 * j + 2] -= a[4 * j + 0]; a[4 * j + 3] -= a[4 * j + 1]; }   // 16 q_hi x
-  // the pair adds its halves exactly in int32: half `par` keeps columns 8par..8par+7
-  const int xall = xsum + __shfl_xor_sync(0xffffffffu, xsum, 16);
-  int t[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int keep = par ? a[8 + i] : a[i], give = par ? a[i] : a[8 + i];
-    t[i] = keep + __shfl_xor_sync(0xffffffffu, give, 16);
+    for (int j = 0; j < 4; ++j) { a[4 * j + 2] -= a[4 * j + 0]; a[4 * j + 3] -= a[4 * j + 1]; }
   }
-  if (!live) return;
-  const unsigned sw[4] = {s4.x, s4.y, s4.z, s4.w}, zw[4] = {z4.x, z4.y, z4.z, z4.w};
-  const float xf = (float)xall, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
+  if (FOLD_SPLIT) {   // the pair's halves add their sums exactly in int32: half `par` keeps columns 8par..8par+7
+    const int xall = xsum + __shfl_xor_sync(0xffffffffu, xsum, 16);
+    int t[8];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)t[4 * j + 0]),
+    for (int i = 0; i < 8; ++i) {
+      const int keep = par ? a[8 + i] : a[i], give = par ? a[i] : a[8 + i];
+      t[i] = keep + __shfl_xor_sync(0xffffffffu, give, 16);
+    }
+    if (!live) return;
+    // word j of this half's scales / zeros holds its columns 2j, 2j+1
+    const uint4 s4 = sp[par], z4 = zp[par];
+    const unsigned sw[4] = {s4.x, s4.y, s4.z, s4.w}, zw[4] = {z4.x, z4.y, z4.z, z4.w};
+    const float xf = (float)xall, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)t[4 * j + 0]),
+                            acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)t[4 * j + 1]),
+                            acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)t[4 * j + 2]),
+                            acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)t[4 * j + 3]),
+                            acc[4 * j + 3]);
+    }
+    return;
+  }
+  // y[col] += scale * xs * (sum q*xi - zero * sum xi); word j of sraw/zraw holds columns 2j, 2j+1
+  const unsigned sw[8] = {sraw[0].x, sraw[0].y, sraw[0].z, sraw[0].w, sraw[1].x, sraw[1].y, sraw[1].z, sraw[1].w};
+  const unsigned zw[8] = {zraw[0].x, zraw[0].y, zraw[0].z, zraw[0].w, zraw[1].x, zraw[1].y, zraw[1].z, zraw[1].w};
+  const float xf = (float)xsum, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)a[4 * j + 0]),
                           acc[4 * j + 0]);
-    acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)t[4 * j + 1]),
+    acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)a[4 * j + 1]),
                           acc[4 * j + 1]);
-    acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)t[4 * j + 2]),
+    acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)a[4 * j + 2]),
                           acc[4 * j + 2]);
-    acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)t[4 * j + 3]),
+    acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)a[4 * j + 3]),
                           acc[4 * j + 3]);
   }
 }
 
-// Add this lane's 8 column sums of one chunk (gemv_chunk) into its warp's row of the unit's sums (`row`,
-// this warp's own: no block barrier), then zero them. The first chunk of a (unit, matrix) stores instead.
+// Add this lane's column sums of one chunk into its warp's row of the unit's sums (`row`, this warp's
+// own: no block barrier), then zero them. The first chunk of a (unit, matrix) stores instead. With
+// FOLD_SPLIT each lane holds 8 whole columns; without, 16 columns of its half, added across the halves here.
 __device__ void fold_chunk(float* acc, float* row, bool first) {
   const int lane = threadIdx.x & 31, seg = lane & 15, par = lane >> 4;
-  float4* dst = reinterpret_cast<float4*>(row + seg * 16 + 8 * par);
+  constexpr int QUADS = FOLD_SPLIT ? 2 : 4;   // float4s of columns this lane writes
+  if (!FOLD_SPLIT) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float4 v = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
-    if (!first) {
-      const float4 o = dst[i];
-      v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+    for (int i = 0; i < 16; ++i) acc[i] += __shfl_down_sync(0xffffffffu, acc[i], 16);
+  }
+  if (FOLD_SPLIT || par == 0) {
+    float4* dst = reinterpret_cast<float4*>(row + seg * 16 + (FOLD_SPLIT ? 8 * par : 0));
+#pragma unroll
+    for (int i = 0; i < QUADS; ++i) {
+      float4 v = make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
+      if (!first) {
+        const float4 o = dst[i];
+        v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
+      }
+      dst[i] = v;
     }
-    dst[i] = v;
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
 }
 
 // sums[m*TILE + t] = sum over warps of the unit's per-warp rows (fixed order). The caller has passed
@@ -1064,9 +1095,9 @@ __device__ void await_input(const Job& jb, const Chunk& c, const Smem& sm) {
 // every warp has read it, before chunk i's unit is reduced and published.
 __device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem sm) {
   const int total = sm.rs->total;
-  float acc[8];
+  float acc[16];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
   int slot = 0, k = phase_chunks();   // k: the chunk's number in the phase (stamps only)
   Chunk c = sm.rs->head;
   Chunk nx = c.unit < total ? next_chunk(jobs, total, c) : c;
