@@ -204,6 +204,23 @@ def test_counted_accumulator_finishes_have_no_load_round_and_shorten_the_finishi
             assert after.span_us <= before.span_us
 
 
+def test_the_gemv_loop_knobs_scale_only_the_compute_and_absent_means_off():
+    """FOLD_SPLIT and HI_BY_SUB (the seed's default 1 since the thirty-ninth session) change the chunk step's
+    instructions, not the plan: each one off makes the GEMV phases no shorter and the step slower, and a seed
+    that does not declare them is modelled as having them off."""
+    fixed = fixed_spans(step_plan(FULL, SEED_KNOBS))
+    on = {**SEED_KNOBS, "FOLD_SPLIT": 1, "HI_BY_SUB": 1}
+    assert step_plan(FULL, on) == step_plan(FULL, {**on, "FOLD_SPLIT": 0, "HI_BY_SUB": 0})
+    fast = simulate(FULL, on, MachineModel(), fixed)
+    for knob in ("FOLD_SPLIT", "HI_BY_SUB"):
+        slow = simulate(FULL, {**on, knob: 0}, MachineModel(), fixed)
+        assert slow.kernel_us > fast.kernel_us
+        assert all(a.span_us <= b.span_us + 1e-9 for a, b in zip(fast.phases, slow.phases, strict=True))
+    older = {k: v for k, v in on.items() if k not in ("FOLD_SPLIT", "HI_BY_SUB")}
+    both_off = simulate(FULL, {**on, "FOLD_SPLIT": 0, "HI_BY_SUB": 0}, MachineModel(), fixed)
+    assert simulate(FULL, older, MachineModel(), fixed).kernel_us == pytest.approx(both_off.kernel_us)
+
+
 def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():
     plan = step_plan(FULL, SEED_KNOBS)
     fixed = fixed_spans(plan)

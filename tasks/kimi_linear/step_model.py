@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Generator
@@ -40,6 +41,11 @@ EPS = 1e-9
 # Knobs whose effect lies in the phases taken from the stamps (the launch shape, the attention's split): a move
 # of one of them is not modelled, the stamps of a version that has it are needed
 STAMPED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
+# The GEMV loop's own knobs (1: on) scale both compute figures, which were probed on the loop with both off.
+# Fitted to their measured end-to-end changes against a byte-identical control (H100, BENCHMARKS.md, thirty-
+# ninth session: -1.3 and -1.0 µs/token at 2K); the instructions they remove (~9 % and ~5 % of a chunk step)
+# taken as compute, i.e. issue-bound, predicted -3.6 and -1.5.
+LOOP_KNOB_COMPUTE = {"FOLD_SPLIT": 0.964, "HI_BY_SUB": 0.971}
 
 
 class MachineModel(BaseModel):
@@ -446,6 +452,8 @@ def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixe
     (what-ifs the kernel does not have yet; the knobs still give the launch shape)."""
     plan = plan if plan is not None else step_plan(cfg, knobs)
     per_sm = knobs["BLOCKS_PER_SM"]
+    loop = math.prod(f for k, f in LOOP_KNOB_COMPUTE.items() if knobs.get(k, 0))   # absent: off (older seeds)
+    machine = machine.model_copy(update={"compute_scale": machine.compute_scale * loop})
     draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d).run()
              for d in range(machine.release_draws)]
     return averaged(draws)
