@@ -587,6 +587,26 @@ __device__ __forceinline__ int dp2a_hi(int a, unsigned b, int c) {
   return d;
 }
 
+// acc[c] += scale_c * xs * (sum_c - zero_c * xsum) over QUADS quads of columns, word j of sw / zw holding the
+// bf16 scales / zeros of columns 2j, 2j+1. A quad's last two sums are 16x (high nibbles): their x scale and x
+// sum are scaled to match.
+template <int QUADS>
+__device__ __forceinline__ void fold_columns(float* acc, const int* sum, const unsigned* sw, const unsigned* zw,
+                                             int xsum, float x_scale) {
+  const float xf = (float)xsum, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
+#pragma unroll
+  for (int j = 0; j < QUADS; ++j) {
+    acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)sum[4 * j + 0]),
+                          acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)sum[4 * j + 1]),
+                          acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)sum[4 * j + 2]),
+                          acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)sum[4 * j + 3]),
+                          acc[4 * j + 3]);
+  }
+}
+
 // acc (this lane's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
 // [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE); x as int16 blocks (xi, xs).
 // The binding pairs each word's nibbles (MK_PAIRED_NIBBLES): the word of columns c..c+3 of packed row r
@@ -654,35 +674,13 @@ __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_
     // word j of this half's scales / zeros holds its columns 2j, 2j+1
     const uint4 s4 = sp[par], z4 = zp[par];
     const unsigned sw[4] = {s4.x, s4.y, s4.z, s4.w}, zw[4] = {z4.x, z4.y, z4.z, z4.w};
-    const float xf = (float)xall, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)t[4 * j + 0]),
-                            acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)t[4 * j + 1]),
-                            acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)t[4 * j + 2]),
-                            acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)t[4 * j + 3]),
-                            acc[4 * j + 3]);
-    }
+    fold_columns<2>(acc, t, sw, zw, xall, x_scale);
     return;
   }
   // y[col] += scale * xs * (sum q*xi - zero * sum xi); word j of sraw/zraw holds columns 2j, 2j+1
   const unsigned sw[8] = {sraw[0].x, sraw[0].y, sraw[0].z, sraw[0].w, sraw[1].x, sraw[1].y, sraw[1].z, sraw[1].w};
   const unsigned zw[8] = {zraw[0].x, zraw[0].y, zraw[0].z, zraw[0].w, zraw[1].x, zraw[1].y, zraw[1].z, zraw[1].w};
-  const float xf = (float)xsum, xf16 = 16.0f * xf, xs16 = 0.0625f * x_scale;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    acc[4 * j + 0] = fmaf(bf16_lo(sw[2 * j]) * x_scale, fmaf(-bf16_lo(zw[2 * j]), xf, (float)a[4 * j + 0]),
-                          acc[4 * j + 0]);
-    acc[4 * j + 1] = fmaf(bf16_hi(sw[2 * j]) * x_scale, fmaf(-bf16_hi(zw[2 * j]), xf, (float)a[4 * j + 1]),
-                          acc[4 * j + 1]);
-    acc[4 * j + 2] = fmaf(bf16_lo(sw[2 * j + 1]) * xs16, fmaf(-bf16_lo(zw[2 * j + 1]), xf16, (float)a[4 * j + 2]),
-                          acc[4 * j + 2]);
-    acc[4 * j + 3] = fmaf(bf16_hi(sw[2 * j + 1]) * xs16, fmaf(-bf16_hi(zw[2 * j + 1]), xf16, (float)a[4 * j + 3]),
-                          acc[4 * j + 3]);
-  }
+  fold_columns<4>(acc, a, sw, zw, xsum, x_scale);
 }
 
 // Add this lane's column sums of one chunk into its warp's row of the unit's sums (`row`, this warp's
