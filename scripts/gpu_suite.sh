@@ -186,21 +186,21 @@ for step in "$@"; do
           tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/routerrows_gpu_tests.log" | tail -4
         bash "$0" upstream 2>&1 | tail -3; git apply -R $x; } ;;
     foldsplit)  # the GEMV fold split across the lane pair (fold-split.patch, FOLD_SPLIT, HI_BY_SUB; 39th session): the
-                # seed, the patch with both 0 (control), FOLD_SPLIT alone and both, interleaved at 2K and 16K; the Kimi GPU tests with the patch as the seed;
-                # the patched seed's timeline at 2K
+                # seed before it (the patch reverted), both 0 (control), FOLD_SPLIT alone and both, interleaved at 2K and
+                # 16K; the Kimi GPU tests; the seed's timeline at 2K
       x=traces/examples/kimi-fold-split/fold-split.patch
       KIMI_TESTS=1 NO_PHASES=1 knob_experiment $x foldsplit FOLD_SPLIT=0,HI_BY_SUB=0 FOLD_SPLIT=1,HI_BY_SUB=0 \
         FOLD_SPLIT=1,HI_BY_SUB=1
-      k=$(patched $x seed-fold-split) || { echo "patch failed"; continue; }
-      timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/foldsplit_phases.log" |
+      timeout 150 python3 run_agent.py bench kernels/kimi_linear/seed.cu --ctx 2048 --phases 2>&1 |   # landed: the seed
+        tee "$OUT/foldsplit_phases.log" |
         grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
     session39)  # the seed with the fold split landed: its GPU tests (Kimi, phases, cheats; SESSION39_TESTS=tests: the
-                # whole suite) and upstream check.py; the seed before it (seed-before-fold.patch) interleaved against
+                # whole suite) and upstream check.py; the seed before it (fold-split.patch reverted) interleaved against
                 # it; bench at 2K / 8K / 16K; the chunk probe of both seeds
       timeout 600 python3 -m pytest -m gpu -q -rs ${SESSION39_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
         tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
       bash "$0" upstream 2>&1 | tail -3
-      b=$(patched traces/examples/kimi-fold-split/seed-before-fold.patch seed-before-fold) || { echo "patch failed"; continue; }
+      b=$(patched traces/examples/kimi-fold-split/fold-split.patch seed-before-fold -R) || { echo "patch failed"; continue; }
       COLUMNS=200 timeout 200 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$b" --ctx 2048 --ctx 16384 \
         --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session39_compare.log" | tail -8
       BENCH_TASKS=kimi_linear bash "$0" bench

@@ -607,8 +607,8 @@ __device__ __forceinline__ void fold_columns(float* acc, const int* sum, const u
   }
 }
 
-// acc (this lane's 16 columns) += sum over this warp's slab of the chunk in `slot` (rows
-// [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE); x as int16 blocks (xi, xs).
+// acc (this lane's 16 columns; with FOLD_SPLIT 8 of its pair's) += sum over this warp's slab of the chunk in
+// `slot` (rows [slab_begin*SLAB, slab_end*SLAB) of the matrix, columns col0..col0+TILE); x as int16 blocks (xi, xs).
 // The binding pairs each word's nibbles (MK_PAIRED_NIBBLES): the word of columns c..c+3 of packed row r
 // holds, byte by byte, (c, 2r) (c, 2r+1) (c+1, 2r) (c+1, 2r+1) in its low nibbles and the same of columns
 // c+2, c+3 in its high ones. So one AND per half word lines up a column's two weights with the int16 pair
