@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routersplit foldsplit session39 timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routersplit routerflags foldsplit session39 timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -176,6 +176,14 @@ for step in "$@"; do
                   # ROUTER_SPLIT; 40th session): the seed, the patch at 0 (control) and 1, interleaved at 2K and 16K;
                   # the timelines at 2K of the seed and of the patch; the Kimi GPU tests with the patch as the seed
       KIMI_TESTS=1 knob_experiment traces/examples/kimi-router-split/router-split.patch routersplit ROUTER_SPLIT=0 ROUTER_SPLIT=1 ;;
+    routerflags)  # router-flags.patch (40th session): ROUTER_SPLIT and no grid barrier between the router and the MoE
+                  # phase (ROUTER_FLAGS: every block polls the logits): the seed, the patch at 0/0 (control), split
+                  # alone, both; the timelines at 2K of the seed and of both; Kimi and phases GPU tests with the patch
+      x=traces/examples/kimi-router-split/router-flags.patch
+      KIMI_TESTS=1 knob_experiment $x routerflags ROUTER_FLAGS=0,ROUTER_SPLIT=0 ROUTER_FLAGS=0,ROUTER_SPLIT=1 \
+        ROUTER_FLAGS=1,ROUTER_SPLIT=1
+      git apply $x && { timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_phases.py 2>&1 |
+        tee "$OUT/routerflags_phases_tests.log" | tail -4; git apply -R $x; } ;;
     routerrows)  # the router blocks' rows copied into their idle ring at the barrier before the router phase
                  # (router-rows.patch, ROUTER_SMEM; 38th session): the seed, the patch at 0 (control) and 1,
                  # interleaved at 2K and 16K; the patched seed's timeline at 2K; the kernel's GPU tests (Kimi,
