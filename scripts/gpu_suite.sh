@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routersplit routerflags foldsplit session39 timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routersplit routerflags foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -206,6 +206,13 @@ for step in "$@"; do
       timeout 150 python3 run_agent.py bench kernels/kimi_linear/seed.cu --ctx 2048 --phases 2>&1 |   # landed: the seed
         tee "$OUT/foldsplit_phases.log" |
         grep -E "µs/tok|timeline|project|o_proj|g/u|total" ;;
+    session40)  # the router-flags experiment first; then the seed's GPU tests (Kimi, phases, cheats), upstream check.py
+                # and bench at 2K / 8K / 16K
+      bash "$0" routerflags
+      timeout 400 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py tests/test_gpu_phases.py tests/test_gpu_cheats.py \
+        2>&1 | tee "$OUT/gpu_tests.log" | tail -6
+      bash "$0" upstream 2>&1 | tail -3
+      BENCH_TASKS=kimi_linear bash "$0" bench ;;
     session39)  # the seed with the fold split landed: its GPU tests (Kimi, phases, cheats; SESSION39_TESTS=tests: the
                 # whole suite) and upstream check.py; the seed before it (fold-split.patch reverted) interleaved against
                 # it; bench at 2K / 8K / 16K; the chunk probe of both seeds
