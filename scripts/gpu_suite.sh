@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routersplit routerflags foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -172,10 +172,6 @@ for step in "$@"; do
     pollahead)  # down units start loading their gate/up partials before the last K slice's arrival (poll-ahead.patch,
                 # POLL_AHEAD; prepared in the thirty-seventh session): the seed, the patch at 0 (control), 1 and 9
       knob_experiment traces/examples/kimi-poll-ahead/poll-ahead.patch pollahead POLL_AHEAD=0 POLL_AHEAD=1 POLL_AHEAD=9 ;;
-    routersplit)  # each router logit on a block of its own, its row loaded before the staging (router-split.patch,
-                  # ROUTER_SPLIT; 40th session): the seed, the patch at 0 (control) and 1, interleaved at 2K and 16K;
-                  # the timelines at 2K of the seed and of the patch; the Kimi GPU tests with the patch as the seed
-      KIMI_TESTS=1 knob_experiment traces/examples/kimi-router-split/router-split.patch routersplit ROUTER_SPLIT=0 ROUTER_SPLIT=1 ;;
     routerflags)  # router-flags.patch (40th session): ROUTER_SPLIT and no grid barrier between the router and the MoE
                   # phase (ROUTER_FLAGS: every block polls the logits): the seed, the patch at 0/0 (control), split
                   # alone, both; the timelines at 2K of the seed and of both; Kimi and phases GPU tests with the patch
