@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -172,6 +172,16 @@ for step in "$@"; do
     pollahead)  # down units start loading their gate/up partials before the last K slice's arrival (poll-ahead.patch,
                 # POLL_AHEAD; prepared in the thirty-seventh session): the seed, the patch at 0 (control), 1 and 9
       knob_experiment traces/examples/kimi-poll-ahead/poll-ahead.patch pollahead POLL_AHEAD=0 POLL_AHEAD=1 POLL_AHEAD=9 ;;
+    awaitearly)  # a down unit awaits and stages its input while its first chunk is in flight (await-early.patch,
+                 # AWAIT_EARLY; 40th session): the seed, the patch at 0 (control) and 1, interleaved at 2K and 16K;
+                 # the patched seed's per-block stamps at 2K (events build) and L1's MoE blocks
+      x=traces/examples/kimi-await-early/await-early.patch
+      NO_PHASES=1 knob_experiment $x awaitearly AWAIT_EARLY=0 AWAIT_EARLY=1
+      k=$(patched $x seed-await-early) || { echo "patch failed"; continue; }
+      timeout 120 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --raw "$OUT/stamps" > "$OUT/stamps-await-early-2048.log" 2>&1
+      grep -E "g/u|kernel" "$OUT/stamps-await-early-2048.log" | head -6
+      python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60 --latest 8 2>&1 |
+        tee "$OUT/awaitearly-blocks.txt" | tail -14 ;;
     routerflags)  # router-flags.patch (40th session): ROUTER_SPLIT and no grid barrier between the router and the MoE
                   # phase (ROUTER_FLAGS: every block polls the logits): the seed, the patch at 0/0 (control), split
                   # alone, both; the timelines at 2K of the seed and of both; Kimi and phases GPU tests with the patch
