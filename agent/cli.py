@@ -337,7 +337,7 @@ def cmd_model(args) -> int:
     from megakernel_agent.tasks.kimi_linear.step_model import simulate, stamped_spans
 
     task = task_for(DEFAULT_TASK, "full")
-    seed, _ = kernel_arg(argparse.Namespace(kernel=None, knob=args.knob), task)
+    seed, _ = kernel_arg(argparse.Namespace(kernel=args.kernel, knob=args.knob), task)
     knobs = seed.resolved_knobs()
     timeline = (sm.stamped_timeline(args.timeline, args.ctx) if args.timeline
                 else sm.stamped_timeline(str(sm.DEFAULT_TIMELINE), args.ctx or sm.DEFAULT_CTX))
@@ -478,7 +478,10 @@ def build_parser() -> Parser:
 
     m = sub.add_parser("model", help="the seed's discrete-event schedule model vs its stamps; knob moves and "
                                      "what-ifs predicted on the CPU")
-    m.add_argument("--knob", **knob, help="knob value of the seed to model (repeatable)")
+    m.add_argument("kernel", nargs="?", help="a Kimi kernel source whose declared knobs to model (default: the seed); "
+                                             "the model knows the seed's schedule, so only the knobs it reads count "
+                                             "(the K splits, PREFETCH, the GEMV loop's knobs, AWAIT_EARLY)")
+    m.add_argument("--knob", **knob, help="knob value to model (repeatable)")
     m.add_argument("--set", action="append", type=arg_type(machine_setting), metavar="FIELD=VALUE",
                    help="a machine-model figure, e.g. dram_order=fifo or compute_scale=0.73 (repeatable)")
     m.add_argument("--timeline", metavar="TRACE#ID|BENCH.json",

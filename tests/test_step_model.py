@@ -221,6 +221,22 @@ def test_the_gemv_loop_knobs_scale_only_the_compute_and_absent_means_off():
     assert simulate(FULL, older, MachineModel(), fixed).kernel_us == pytest.approx(both_off.kernel_us)
 
 
+def test_await_early_moves_only_the_down_units_input_wait_before_their_chunk_lands():
+    """AWAIT_EARLY (a patch's knob, fortieth session): a down unit's wait for its input and its SwiGLU staging overlap
+    its first chunk's flight. Only the MoE phases can change, none gets longer, and a seed that does not declare the
+    knob is modelled with it off."""
+    fixed = fixed_spans(step_plan(FULL, SEED_KNOBS))
+    late = simulate(FULL, SEED_KNOBS, MachineModel(), fixed)
+    early = simulate(FULL, {**SEED_KNOBS, "AWAIT_EARLY": 1}, MachineModel(), fixed)
+    assert early.kernel_us < late.kernel_us
+    for a, b in zip(early.phases, late.phases, strict=True):
+        if "g/u" in a.name:
+            assert a.span_us <= b.span_us + 1e-9
+        else:
+            assert a.span_us == pytest.approx(b.span_us)
+    assert simulate(FULL, {**SEED_KNOBS, "AWAIT_EARLY": 0}, MachineModel(), fixed).kernel_us == late.kernel_us
+
+
 def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():
     plan = step_plan(FULL, SEED_KNOBS)
     fixed = fixed_spans(plan)
@@ -267,6 +283,24 @@ def test_the_model_command_reads_the_stamps_of_a_bench_json(tmp_path, capsys):
     (tmp_path / "bench.json").write_text(result.model_dump_json())
     assert main(["model", "--timeline", str(tmp_path / "bench.json")]) == ExitCode.OK
     assert "Schedule model vs stamps (ctx 16384" in capsys.readouterr().out
+
+
+def test_the_model_command_models_a_kernel_files_declared_knobs(tmp_path, capsys):
+    """A patched seed's own knob (here AWAIT_EARLY, which the seed does not declare) is modelled from its file; the
+    seed itself refuses it."""
+    seed = (ROOT / "kernels/kimi_linear/seed.cu").read_text()
+    knob = "// @knob AWAIT_EARLY 1 {0,1} down units await their input during their chunk's flight\n"
+    patched = tmp_path / "patched.cu"
+    patched.write_text(seed.replace("// @knob ACC_COUNT", knob + "// @knob ACC_COUNT", 1))
+    kernel = {}
+    for value in (0, 1):
+        argv = ["model", str(patched), "--knob", f"AWAIT_EARLY={value}", "--set", "release_draws=1"]
+        assert main(argv) == ExitCode.OK
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("│ kernel"))
+        kernel[value] = float(line.split("│")[2])
+    assert kernel[1] < kernel[0]
+    assert main(["model", "--knob", "AWAIT_EARLY=1"]) == ExitCode.USAGE
+    assert "unknown knob(s) ['AWAIT_EARLY']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says", [

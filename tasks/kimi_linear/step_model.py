@@ -283,11 +283,12 @@ class StepSimulation:
     simulate (by phase name)."""
 
     def __init__(self, plan: list[Phase], grid: int, blocks_per_sm: int, machine: MachineModel,
-                 fixed_us: dict[str, float], draw: int = 0):
+                 fixed_us: dict[str, float], draw: int = 0, await_early: bool = False):
         missing = [p.name for p in plan if not p.simulated and p.name not in fixed_us]
         if missing:
             raise ValueError(f"no stamped span for the phases the model does not simulate: {missing}")
         self.plan, self.grid, self.m, self.fixed = plan, grid, machine, fixed_us
+        self.await_early = await_early   # the kernel's AWAIT_EARLY: a unit's input wait before its first chunk lands
         self.env = simpy.Environment()
         bandwidth = machine.dram_tbs * 1e6                                                  # bytes per µs
         self.dram = (FairShare(self.env, bandwidth, machine.copy_gbs * 1e3) if machine.dram_order == "shared"
@@ -340,6 +341,12 @@ class StepSimulation:
             if unit.finish != Finish.PARTIAL:
                 yield self.env.timeout(unit.sum_rounds * self.m.sum_round_us + self.m.epilogue_us[unit.finish])
 
+    def await_input(self, phase: int, block: int, unit: Unit) -> Generator:
+        """A down unit's wait for the gate/up tiles it reads, then its SwiGLU staging from their partials."""
+        yield simpy.AllOf(self.env, [self.tile_done[t] for t in unit.needs])
+        self.mark(phase, block, "input ready")
+        yield self.env.timeout(self.m.swiglu_us + unit.need_rounds * self.m.sum_round_us)
+
     def run_table(self, block: int, phase: int, table: JobTable, skew: int) -> Generator:
         units = table.block_units(block, self.grid, skew)
         chunks = [(u, i == len(u.chunks) - 1, i == 0, c) for u in units for i, c in enumerate(u.chunks)]
@@ -353,12 +360,13 @@ class StepSimulation:
         if chunks:
             yield self.env.timeout(self.m.run_start_us)
         for i, (unit, last, first, chunk) in enumerate(chunks):
+            awaits = first and unit.needs
+            if awaits and self.await_early:
+                yield from self.await_input(phase, block, unit)
             yield landed[i]
             self.mark(phase, block, f"c{i} landed")
-            if first and unit.needs:
-                yield simpy.AllOf(self.env, [self.tile_done[t] for t in unit.needs])
-                self.mark(phase, block, "input ready")
-                yield self.env.timeout(self.m.swiglu_us + unit.need_rounds * self.m.sum_round_us)
+            if awaits and not self.await_early:
+                yield from self.await_input(phase, block, unit)
             yield self.compute(block, chunk)
             yield self.env.timeout(self.m.fold_us + self.m.fold_per_slab_us * chunk.slabs)
             if i + 2 < len(chunks) and chunks[i + 2][2] and chunks[i + 2][0].job:   # next_chunk walks to its unit
@@ -454,7 +462,8 @@ def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixe
     per_sm = knobs["BLOCKS_PER_SM"]
     loop = math.prod(f for k, f in LOOP_KNOB_COMPUTE.items() if knobs.get(k, 0))   # absent: off (older seeds)
     machine = machine.model_copy(update={"compute_scale": machine.compute_scale * loop})
-    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d).run()
+    early = bool(knobs.get("AWAIT_EARLY", 0))   # absent: off (the seeds before it)
+    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d, early).run()
              for d in range(machine.release_draws)]
     return averaged(draws)
 
