@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -182,6 +182,14 @@ for step in "$@"; do
       grep -E "g/u|kernel" "$OUT/stamps-await-early-2048.log" | head -6
       python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60 --latest 8 2>&1 |
         tee "$OUT/awaitearly-blocks.txt" | tail -14 ;;
+    awaitchecks)  # await-early.patch as the seed: the Kimi, phases and cheats GPU tests and upstream check.py (what
+                  # landing it needs besides the awaitearly compare), then the seed restored
+      x=traces/examples/kimi-await-early/await-early.patch
+      git apply $x || { echo "patch failed"; continue; }
+      timeout 400 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py tests/test_gpu_phases.py tests/test_gpu_cheats.py \
+        2>&1 | tee "$OUT/awaitearly_gpu_tests.log" | tail -4
+      bash "$0" upstream 2>&1 | tail -3
+      git apply -R $x ;;
     routerflags)  # router-flags.patch (40th session): ROUTER_SPLIT and no grid barrier between the router and the MoE
                   # phase (ROUTER_FLAGS: every block polls the logits): the seed, the patch at 0/0 (control), split
                   # alone, both; the timelines at 2K of the seed and of both; Kimi and phases GPU tests with the patch
