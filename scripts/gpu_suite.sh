@@ -64,6 +64,16 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   done
 }
 
+seed_checks() {  # seed_checks NAME [PATCH]: the kernel's GPU tests (Kimi, phases, cheats; CHECK_TESTS: others, e.g.
+                 # `tests` for the whole suite) and upstream check.py, on the seed or with PATCH applied (then reverted)
+  local name=$1 pw=${2:-}
+  if [ -n "$pw" ]; then git apply "$pw" || { echo "patch failed"; return 1; }; fi
+  timeout 600 python3 -m pytest -m gpu -q -rs ${CHECK_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
+    tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/${name}_gpu_tests.log" | tail -4
+  bash "$0" upstream 2>&1 | tail -3
+  if [ -n "$pw" ]; then git apply -R "$pw"; fi
+}
+
 for step in "$@"; do
   echo "=== $step ==="
   case $step in
@@ -184,20 +194,14 @@ for step in "$@"; do
         tee "$OUT/awaitearly-blocks.txt" | tail -14 ;;
     awaitchecks)  # await-early.patch as the seed: the Kimi, phases and cheats GPU tests and upstream check.py (what
                   # landing it needs besides the awaitearly compare), then the seed restored
-      x=traces/examples/kimi-await-early/await-early.patch
-      git apply $x || { echo "patch failed"; continue; }
-      timeout 400 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py tests/test_gpu_phases.py tests/test_gpu_cheats.py \
-        2>&1 | tee "$OUT/awaitearly_gpu_tests.log" | tail -4
-      bash "$0" upstream 2>&1 | tail -3
-      git apply -R $x ;;
+      seed_checks awaitchecks traces/examples/kimi-await-early/await-early.patch ;;
     routerflags)  # router-flags.patch (40th session): ROUTER_SPLIT and no grid barrier between the router and the MoE
                   # phase (ROUTER_FLAGS: every block polls the logits): the seed, the patch at 0/0 (control), split
-                  # alone, both; the timelines at 2K of the seed and of both; Kimi and phases GPU tests with the patch
+                  # alone, both; the timelines at 2K of the seed and of both; the kernel's GPU tests and upstream
+                  # check.py with the patch as the seed
       x=traces/examples/kimi-router-split/router-flags.patch
-      KIMI_TESTS=1 knob_experiment $x routerflags ROUTER_FLAGS=0,ROUTER_SPLIT=0 ROUTER_FLAGS=0,ROUTER_SPLIT=1 \
-        ROUTER_FLAGS=1,ROUTER_SPLIT=1
-      git apply $x && { timeout 300 python3 -m pytest -m gpu -q -rs tests/test_gpu_phases.py 2>&1 |
-        tee "$OUT/routerflags_phases_tests.log" | tail -4; git apply -R $x; } ;;
+      knob_experiment $x routerflags ROUTER_FLAGS=0,ROUTER_SPLIT=0 ROUTER_FLAGS=0,ROUTER_SPLIT=1 ROUTER_FLAGS=1,ROUTER_SPLIT=1
+      seed_checks routerflags $x ;;
     routerrows)  # the router blocks' rows copied into their idle ring at the barrier before the router phase
                  # (router-rows.patch, ROUTER_SMEM; 38th session): the seed, the patch at 0 (control) and 1,
                  # interleaved at 2K and 16K; the patched seed's timeline at 2K; the kernel's GPU tests (Kimi,
@@ -207,10 +211,7 @@ for step in "$@"; do
       k=$(patched $x seed-router-rows) || { echo "patch failed"; continue; }
       timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/routerrows_phases.log" |
         grep -E "timeline|router|g/u|total"
-      git apply $x && {
-        timeout 300 python3 -m pytest -m gpu -q -rs ${ROUTERROWS_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
-          tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/routerrows_gpu_tests.log" | tail -4
-        bash "$0" upstream 2>&1 | tail -3; git apply -R $x; } ;;
+      seed_checks routerrows $x ;;
     foldsplit)  # the GEMV fold split across the lane pair (fold-split.patch, FOLD_SPLIT, HI_BY_SUB; 39th session): the
                 # seed before it (the patch reverted), both 0 (control), FOLD_SPLIT alone and both, interleaved at 2K and
                 # 16K; the Kimi GPU tests; the seed's timeline at 2K
@@ -223,16 +224,12 @@ for step in "$@"; do
     session40)  # the router-flags experiment first; then the seed's GPU tests (Kimi, phases, cheats), upstream check.py
                 # and bench at 2K / 8K / 16K
       bash "$0" routerflags
-      timeout 400 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py tests/test_gpu_phases.py tests/test_gpu_cheats.py \
-        2>&1 | tee "$OUT/gpu_tests.log" | tail -6
-      bash "$0" upstream 2>&1 | tail -3
+      seed_checks session40
       BENCH_TASKS=kimi_linear bash "$0" bench ;;
-    session39)  # the seed with the fold split landed: its GPU tests (Kimi, phases, cheats; SESSION39_TESTS=tests: the
+    session39)  # the seed with the fold split landed: its GPU tests (Kimi, phases, cheats; CHECK_TESTS=tests: the
                 # whole suite) and upstream check.py; the seed before it (fold-split.patch reverted) interleaved against
                 # it; bench at 2K / 8K / 16K; the chunk probe of both seeds
-      timeout 600 python3 -m pytest -m gpu -q -rs ${SESSION39_TESTS:-tests/test_gpu_kimi.py tests/test_gpu_phases.py \
-        tests/test_gpu_cheats.py} 2>&1 | tee "$OUT/gpu_tests.log" | tail -6
-      bash "$0" upstream 2>&1 | tail -3
+      seed_checks session39
       b=$(patched traces/examples/kimi-fold-split/fold-split.patch seed-before-fold -R) || { echo "patch failed"; continue; }
       COLUMNS=200 timeout 200 python3 run_agent.py compare kernels/kimi_linear/seed.cu "$b" --ctx 2048 --ctx 16384 \
         --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/session39_compare.log" | tail -8
