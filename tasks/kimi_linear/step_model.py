@@ -288,7 +288,10 @@ class StepSimulation:
         if missing:
             raise ValueError(f"no stamped span for the phases the model does not simulate: {missing}")
         self.plan, self.grid, self.m, self.fixed = plan, grid, machine, fixed_us
-        self.await_early = await_early   # the kernel's AWAIT_EARLY: a unit's input wait before its first chunk lands
+        # the kernel's AWAIT_EARLY: a unit's input wait before its first chunk lands. Modelled as free to overlap the
+        # flight; measured, the await's round trips queue behind the SM's own copy (BENCHMARKS.md, forty-first
+        # session), so this overlap is optimistic
+        self.await_early = await_early
         self.env = simpy.Environment()
         bandwidth = machine.dram_tbs * 1e6                                                  # bytes per µs
         self.dram = (FairShare(self.env, bandwidth, machine.copy_gbs * 1e3) if machine.dram_order == "shared"
