@@ -11,10 +11,17 @@ import torch.nn.functional as F
 from megakernel_agent.sandbox.candidate import Candidate
 from megakernel_agent.sandbox.pool import Evaluator
 from megakernel_agent.tasks.base import clone_state
+from megakernel_agent.tasks.kimi_linear.abi import WEIGHT_MMA_SYMBOL, WEIGHT_NIBBLES_SYMBOL, WEIGHT_SWIZZLE_SYMBOL
 from megakernel_agent.tasks.kimi_linear.baseline import BaselineModel
 from megakernel_agent.tasks.kimi_linear.config import FULL, SMALL
 from megakernel_agent.tasks.kimi_linear.inputs import build_model, init_state, init_token
-from megakernel_agent.tasks.kimi_linear.megakernel import MegakernelModel, build_megakernel, pair_nibbles, tile_major
+from megakernel_agent.tasks.kimi_linear.megakernel import (
+    MegakernelModel,
+    build_megakernel,
+    mma_fragments,
+    pair_nibbles,
+    tile_major,
+)
 from megakernel_agent.tasks.kimi_linear.reference import ReferenceModel
 
 pytestmark = pytest.mark.gpu
@@ -147,18 +154,25 @@ def test_binding_sees_weights_loaded_or_edited_after_its_first_step(small_models
         mk.load_state_dict(ref.state_dict(), strict=True)
 
 
-@pytest.mark.parametrize("macro", ["MK_SWIZZLED_WEIGHTS", "MK_PAIRED_NIBBLES"])
+@pytest.mark.parametrize("macro", ["MK_SWIZZLED_WEIGHTS", "MK_PAIRED_NIBBLES", "MK_MMA_WEIGHTS"])
 def test_binding_lays_w_q_out_as_the_kernel_declares_it(small_models, macro):
-    """The seed and a copy with one declaration toggled: each gets w_q as it declares (only the layout is
-    checked here; the copy reads its rows wrongly)."""
+    """The seed and a copy with one declaration toggled: each gets w_q as its loaded kernel declares (only the
+    layout is checked here; the copy reads its rows wrongly), and MLA's kv_b never in MMA fragment order."""
     ref, mk = small_models
 
     def declares(source: str, name: str) -> bool:
         return re.search(rf"^{name}\b", source, re.MULTILINE) is not None
 
-    def expected(source: str) -> torch.Tensor:
-        tiled = tile_major(w_q, swizzled=declares(source, "MK_SWIZZLED_WEIGHTS"))
-        return pair_nibbles(tiled) if declares(source, "MK_PAIRED_NIBBLES") else tiled
+    def expected(model: MegakernelModel, w: torch.Tensor, row_read: bool = False) -> torch.Tensor:
+        declared = model._kernel.declared
+        if declared[WEIGHT_MMA_SYMBOL] == 1 and not row_read:
+            return mma_fragments(tile_major(w))
+        tiled = tile_major(w, swizzled=declared[WEIGHT_SWIZZLE_SYMBOL] == 1)
+        return pair_nibbles(tiled) if declared[WEIGHT_NIBBLES_SYMBOL] == 1 else tiled
+
+    def kv_b_copy(model: MegakernelModel) -> torch.Tensor:
+        ptr = model._params.layer[3].proj[2].wq
+        return next(t for t in model._tiled if t.data_ptr() == ptr)
 
     declaration = re.compile(rf"^{macro}\b.*$", re.MULTILINE)
     toggled_source = declaration.sub("", SEED) if declares(SEED, macro) else f"{macro}\n" + SEED
@@ -170,9 +184,10 @@ def test_binding_lays_w_q_out_as_the_kernel_declares_it(small_models, macro):
     _step_pair(ref, mk, h, clone_state(st))
     toggled.step(h.clone(), clone_state(st))
     torch.cuda.synchronize()
-    w_q = mk.blocks[0].attn.q_proj.w_q
-    assert torch.equal(mk._tiled[0], expected(SEED))
-    assert torch.equal(toggled._tiled[0], expected(toggled_source))
+    w_q, kv_b = mk.blocks[0].attn.q_proj.w_q, mk.blocks[3].attn.kv_b.w_q
+    for model in (mk, toggled):
+        assert torch.equal(model._tiled[0], expected(model, w_q))
+        assert torch.equal(kv_b_copy(model), expected(model, kv_b, row_read=True))
     assert not torch.equal(mk._tiled[0], toggled._tiled[0])
     assert torch.equal(toggled._tiled[1], mk._tiled[1])   # scales stay as they are
 

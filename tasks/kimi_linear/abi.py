@@ -20,6 +20,13 @@ each 4-byte word (columns c..c+3 of packed row r, k = 2r in the low nibble, 2r+1
 then hold (c, 2r | c+2, 2r) (c, 2r+1 | c+2, 2r+1) (c+1, 2r | c+3, 2r) (c+1, 2r+1 | c+3, 2r+1), low | high
 nibble: one AND lines a column's two weights up in adjacent bytes, as integer dot products (DP2A) read them.
 It composes with the swizzle (that moves whole 16-byte chunks).
+
+A kernel may ask for w_q in integer-MMA fragment order by writing MK_MMA_WEIGHTS once (`kimi_weight_mma` = 1).
+Each slab (16 packed rows = 32 k of a tile's 256 columns, 4 KB, contiguous in the tile-major layout) is then
+[warp w][lane 4g + t][register i][byte j]: the byte for MMA row m = g + 8 (i & 1) and k = 4t + j + 16 (i >> 1)
+of mma.m16n8k32's A fragment, holding column 32w + 4g + (i & 1) in its low nibble and that column + 2 in
+its high one. A warp's 32 columns of a slab are one 16-byte load per lane. MLA's kv_b, which the absorbs
+read row by row, keeps the layout the other declarations give.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ WEIGHT_TILE = 256  # output columns per tile of the tile-major weight layout (th
 WEIGHT_SWIZZLE_MASK = 6   # swizzled w_q: row r's 16-byte chunk c sits at c ^ (r & mask) (MK_WEIGHT_SWIZZLE_MASK)
 WEIGHT_SWIZZLE_SYMBOL = "kimi_weight_swizzle"   # the kernel's declaration (MK_SWIZZLED_WEIGHTS): 1 = swizzled
 WEIGHT_NIBBLES_SYMBOL = "kimi_weight_nibbles"   # the kernel's declaration (MK_PAIRED_NIBBLES): 1 = paired
-DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL, WEIGHT_NIBBLES_SYMBOL]   # what a Kimi kernel may declare about itself
+WEIGHT_MMA_SYMBOL = "kimi_weight_mma"   # the kernel's declaration (MK_MMA_WEIGHTS): 1 = MMA fragment order
+# what a Kimi kernel may declare about itself
+DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL, WEIGHT_NIBBLES_SYMBOL, WEIGHT_MMA_SYMBOL]
 
 # (name, C type, count). Pointers are 8 bytes on both sides; ints come last so no padding differs.
 QW_FIELDS = [("wq", "const unsigned char*", 1), ("sc", "const bf16*", 1), ("zr", "const bf16*", 1)]
@@ -79,6 +88,9 @@ def c_header(num_layers: int) -> str:
         "// A kernel that writes MK_PAIRED_NIBBLES once gets each 4-byte wq word (columns c..c+3, k = 2r, 2r+1)",
         "// with bytes (c,2r | c+2,2r) (c,2r+1 | c+2,2r+1) (c+1,2r | c+3,2r) (c+1,2r+1 | c+3,2r+1), low | high nibble.",
         f'#define MK_PAIRED_NIBBLES extern "C" __device__ unsigned long long {WEIGHT_NIBBLES_SYMBOL} = 1;',
+        "// A kernel that writes MK_MMA_WEIGHTS once gets each 4 KB slab of wq (16 rows) as [warp w][lane 4g+t][16 B]:",
+        "// byte 4i+j = MMA row g+8(i&1), k 4t+j+16(i>>1); columns 32w+4g+(i&1) (low nibble) and +2 (high). Not kv_b.",
+        f'#define MK_MMA_WEIGHTS extern "C" __device__ unsigned long long {WEIGHT_MMA_SYMBOL} = 1;',
         c_struct("QW", QW_FIELDS),
         c_struct("LayerParams", LAYER_FIELDS),
         c_struct("KimiParams", param_fields(num_layers)),

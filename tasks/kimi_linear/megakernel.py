@@ -20,6 +20,7 @@ this file after them and drops the relative imports).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from .abi import (
     DECLARATIONS,
     ENTRY,
     NUM_PROJ,
+    WEIGHT_MMA_SYMBOL,
     WEIGHT_NIBBLES_SYMBOL,
     WEIGHT_SWIZZLE_MASK,
     WEIGHT_SWIZZLE_SYMBOL,
@@ -162,13 +164,15 @@ class MegakernelModel(KimiBlocks):
         if size != ctypes.sizeof(ptype):
             raise KernelContractError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
-        declarations = ((WEIGHT_SWIZZLE_SYMBOL, "MK_SWIZZLED_WEIGHTS"), (WEIGHT_NIBBLES_SYMBOL, "MK_PAIRED_NIBBLES"))
+        declarations = ((WEIGHT_SWIZZLE_SYMBOL, "MK_SWIZZLED_WEIGHTS"), (WEIGHT_NIBBLES_SYMBOL, "MK_PAIRED_NIBBLES"),
+                        (WEIGHT_MMA_SYMBOL, "MK_MMA_WEIGHTS"))
         for symbol, macro in declarations:
             value = self._kernel.declared.get(symbol, 0)
             if value not in (0, 1):
                 raise KernelContractError(f"the kernel's {symbol} is {value}: 0 or 1 ({macro})")
         layout = WqLayout(swizzled=self._kernel.declared.get(WEIGHT_SWIZZLE_SYMBOL, 0) == 1,
-                          paired=self._kernel.declared.get(WEIGHT_NIBBLES_SYMBOL, 0) == 1)
+                          paired=self._kernel.declared.get(WEIGHT_NIBBLES_SYMBOL, 0) == 1,
+                          mma=self._kernel.declared.get(WEIGHT_MMA_SYMBOL, 0) == 1)
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -178,8 +182,9 @@ class MegakernelModel(KimiBlocks):
                 if blk.kind == "K"
                 else [blk.attn.q_proj, blk.attn.kv_a, blk.attn.kv_b, blk.attn.o_proj]
             )
+            row_read = blk.attn.kv_b if blk.kind != "K" else None   # the absorbs read MLA's kv_b row by row
             for j, lin in enumerate(projs[:NUM_PROJ]):
-                self._set_qw(lp.proj[j], lin, layout)
+                self._set_qw(lp.proj[j], lin, dataclasses.replace(layout, mma=False) if lin is row_read else layout)
             if blk.kind == "K":
                 lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
                 lp.conv_w = blk.attn.conv_w.data_ptr()
@@ -209,8 +214,12 @@ class MegakernelModel(KimiBlocks):
     def _set_qw(self, dst, mod, layout: WqLayout) -> None:
         """Point `dst` at tile-major copies of one quantized weight's w_q (in the `layout` the kernel declared),
         scales and zeros."""
-        w_q = tile_major(mod.w_q, swizzled=layout.swizzled)
-        tiled = [pair_nibbles(w_q) if layout.paired else w_q, tile_major(mod.scales), tile_major(mod.zeros)]
+        if layout.mma:
+            w_q = mma_fragments(tile_major(mod.w_q))
+        else:
+            w_q = tile_major(mod.w_q, swizzled=layout.swizzled)
+            w_q = pair_nibbles(w_q) if layout.paired else w_q
+        tiled = [w_q, tile_major(mod.scales), tile_major(mod.zeros)]
         self._tiled += tiled
         dst.wq, dst.sc, dst.zr = (t.data_ptr() for t in tiled)
 
@@ -375,10 +384,12 @@ class MegakernelModel(KimiBlocks):
 
 @dataclass(frozen=True)
 class WqLayout:
-    """How the kernel asked for w_q's tiles: rows swizzled (MK_SWIZZLED_WEIGHTS), nibbles paired (MK_PAIRED_NIBBLES)."""
+    """How the kernel asked for w_q's tiles: rows swizzled (MK_SWIZZLED_WEIGHTS), nibbles paired (MK_PAIRED_NIBBLES),
+    or in integer-MMA fragment order (MK_MMA_WEIGHTS, which then overrides the other two)."""
 
     swizzled: bool = False
     paired: bool = False
+    mma: bool = False
 
 
 def pair_nibbles(t: torch.Tensor) -> torch.Tensor:
@@ -391,6 +402,24 @@ def pair_nibbles(t: torch.Tensor) -> torch.Tensor:
     paired = torch.stack((lo[..., 0] | lo[..., 2] << 4, hi[..., 0] | hi[..., 2] << 4,
                           lo[..., 1] | lo[..., 3] << 4, hi[..., 1] | hi[..., 3] << 4), dim=-1)
     return paired.view(t.shape).contiguous()
+
+
+def mma_fragments(tiled: torch.Tensor) -> torch.Tensor:
+    """Tile-major packed w_q (..., rows, WEIGHT_TILE) uint8, rows % 16 == 0 -> the same bytes in MMA fragment order
+    (abi.py, MK_MMA_WEIGHTS): per 16-row slab, [warp w][lane 4g + t][register i][byte j] holds column
+    32w + 4g + (i & 1) (low nibble) and that column + 2 (high) at k = 4t + j + 16 (i >> 1) of the slab."""
+    if tiled.dtype != torch.uint8 or tiled.shape[-1] != WEIGHT_TILE or tiled.shape[-2] % 16:
+        raise ValueError(f"MMA fragments need uint8 tiles of {WEIGHT_TILE} columns and whole 16-row slabs, got "
+                         f"{tiled.dtype} {tuple(tiled.shape)}")
+    *lead, rows, cols = tiled.shape
+    slabs = tiled.reshape(*lead, rows // 16, 16, cols)
+    q = torch.stack((slabs & 0xF, slabs >> 4), dim=-2).reshape(*lead, rows // 16, 32, cols)   # k = 2r + nibble
+    w, g, t, i, j = torch.meshgrid(*(torch.arange(n, device=tiled.device) for n in (cols // 32, 8, 4, 4, 4)),
+                                   indexing="ij")
+    k = (4 * t + j + 16 * (i >> 1)).flatten()
+    col = (32 * w + 4 * g + (i & 1)).flatten()
+    out = q[..., k, col] | (q[..., k, col + 2] << 4)
+    return out.reshape(tiled.shape).contiguous()
 
 
 def tile_major(t: torch.Tensor, tile: int = WEIGHT_TILE, swizzled: bool = False) -> torch.Tensor:
