@@ -192,21 +192,23 @@ for step in "$@"; do
       grep -E "g/u|kernel" "$OUT/stamps-await-early-2048.log" | head -6
       python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60 --latest 8 2>&1 |
         tee "$OUT/awaitearly-blocks.txt" | tail -14 ;;
-    mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (MMA_LOOP, 42nd session): the chunk probe of both
-              # loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and upstream
-              # check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
-      v=$(mktemp -d); cp kernels/kimi_linear/seed.cu "$v/mma0.cu"; cp kernels/kimi_linear/seed.cu "$v/mma1.cu"
-      set_knobs "$v/mma1.cu" MMA_LOOP=1
-      for f in "$v/mma0.cu" "$v/mma1.cu"; do
+    mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
+              # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
+              # upstream check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
+      x=traces/examples/kimi-mma-loop/mma-loop.patch
+      v=$(mktemp -d); cp kernels/kimi_linear/seed.cu "$v/seed.cu"
+      k=$(patched $x mma1) || { echo "patch failed"; continue; }
+      set_knobs "$k" MMA_LOOP=1
+      for f in "$v/seed.cu" "$k"; do
         timeout 120 python3 scripts/chunk_probe.py "$f" 2>&1 | tee -a "$OUT/mmaloop_chunk_probe.log" | grep -E "compute|One"
       done
-      COLUMNS=200 timeout "${COMPARE_S:-300}" python3 run_agent.py compare "$v/mma0.cu" "$v/mma1.cu" --ctx 2048 \
+      COLUMNS=200 timeout "${COMPARE_S:-300}" python3 run_agent.py compare "$v/seed.cu" "$k" --ctx 2048 \
         --ctx 16384 --rounds "${ROUNDS:-3}" 2>&1 | tee "$OUT/mmaloop_compare.log" | tail -25
-      cp "$v/mma1.cu" kernels/kimi_linear/seed.cu
+      cp "$k" kernels/kimi_linear/seed.cu
       timeout 400 python3 -m pytest -m gpu -q -rs tests/test_gpu_kimi.py 2>&1 | tee "$OUT/mmaloop_kimi_tests.log" | tail -8
       bash "$0" upstream 2>&1 | tail -3
-      cp "$v/mma0.cu" kernels/kimi_linear/seed.cu
-      timeout 150 python3 run_agent.py bench "$v/mma1.cu" --ctx 2048 --phases 2>&1 | tee "$OUT/mmaloop_phases_mma1.log" |
+      cp "$v/seed.cu" kernels/kimi_linear/seed.cu
+      timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/mmaloop_phases_mma1.log" |
         grep -E "timeline|kda project|g/u|o_proj|total" | head -14 ;;
     awaitchecks)  # await-early.patch as the seed: the Kimi, phases and cheats GPU tests and upstream check.py (what
                   # landing it needs besides the awaitearly compare), then the seed restored

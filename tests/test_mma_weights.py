@@ -1,4 +1,5 @@
-"""The integer-MMA GEMV loop's data layouts (seed.cu, MMA_LOOP), emulated on the CPU.
+"""The integer-MMA GEMV loop's data layouts (MMA_LOOP, traces/examples/kimi-mma-loop/mma-loop.patch: measured
+slower than the DP2A loop and not in the seed; the binding keeps its layout, MK_MMA_WEIGHTS), emulated on the CPU.
 
 mma_fragments (the binding) lays w_q out as mma.m16n8k32's A fragments; the kernel's stagings lay x out as two
 signed byte planes in B-fragment order; gemv_chunk multiplies them with block s of a chunk in B columns

@@ -61,7 +61,6 @@
 // @knob FOLD_SPLIT 1 {0,1} the two row halves of a GEMV lane pair swap their int32 column sums so each lane folds 8 of its 16 columns (0: each lane folds 16, then the halves add their floats)
 // @knob HI_BY_SUB 1 {0,1} the high nibbles' DP2A take the whole packed bytes, and the low nibbles' sums are subtracted once per slab (one LOP3 per weight word instead of two)
 // @knob ACC_COUNT 1 {0,1} the output and down projections' accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival)
-// @knob MMA_LOOP 0 {0,1} the int4 GEMV on tensor cores: mma.m16n8k32 u8 x s8 over the binding's MMA fragment layout, x as two signed byte planes (0: DP2A)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -69,9 +68,6 @@
 // ================================ dimensions and layout ================================
 
 MK_PAIRED_NIBBLES   // the binding pairs each w_q word's nibbles as gemv_chunk's DP2A reads them
-#if MMA_LOOP
-MK_MMA_WEIGHTS      // ... or, for the MMA loop, lays each slab out as its A fragments (all but kv_b, read by the absorbs)
-#endif
 
 #ifndef SKIP_ATTN
 #define SKIP_ATTN 0
@@ -106,7 +102,6 @@ __host__ __device__ constexpr size_t align4(size_t n) { return (n + 3) & ~size_t
 
 static_assert(THREADS % 128 == 0 && WARPS >= 8, "need at least 8 warps per block, whole float4 rows of a tile");
 static_assert(GROUP_ROWS % SLAB == 0, "a slab must not straddle a quant group");
-static_assert(!MMA_LOOP || WARPS == 8, "the MMA loop: 8 warps of 32 columns make a tile, 8 slabs a chunk");
 static_assert(TILE == MK_WEIGHT_TILE, "GEMV tiles are the column tiles of the binding's tile-major weight layout");
 static_assert(HIDDEN % 16 == 0 && C_KDA % 16 == 0 && MLA_Q_N % 16 == 0 && KVA_N % 16 == 0, "N % 16");
 static_assert(KVB_N % 16 == 0 && MOE_INTER % 16 == 0, "N % 16");
@@ -166,8 +161,7 @@ constexpr size_t RING_SLOT = RING_W_BYTES + 2 * CHUNK_GROUPS * RING_G_BYTES;
 constexpr int XBLK = 2 * SLAB;                                            // x elements per int16 scale (a slab's k)
 constexpr size_t SM_XI = 0;                                               // short[X_MAX]: x as int16 ...
 constexpr size_t SM_XS = SM_XI + 2 * (size_t)X_MAX;                       // float[X_MAX / XBLK]: ... times these
-constexpr size_t SM_XSUM = SM_XS + 4 * (size_t)(X_MAX / XBLK);            // float[X_MAX / XBLK]: MMA_LOOP, sum of xi
-constexpr size_t SM_RED = SM_XSUM + (MMA_LOOP ? 4 * (size_t)(X_MAX / XBLK) : 0);   // float[2][WARPS][TILE]: a unit's per-warp sums
+constexpr size_t SM_RED = SM_XS + 4 * (size_t)(X_MAX / XBLK);             // float[2][WARPS][TILE]: a unit's per-warp sums
 constexpr size_t SM_SUMS = SM_RED + 4 * 2 * (size_t)WARPS * TILE;         // float[2*TILE]
 constexpr size_t SM_MISC = SM_SUMS + 4 * 2 * (size_t)TILE;                // flag, routing
 constexpr size_t SM_JOBS = SM_MISC + ((256 + 8 * (size_t)N_EXPERTS + 15) & ~size_t(15));   // the phase's job table
@@ -393,7 +387,6 @@ struct Smem {
   RingSync* rs;
   __device__ short* xi() const { return reinterpret_cast<short*>(base + SM_XI); }
   __device__ float* xs() const { return reinterpret_cast<float*>(base + SM_XS); }
-  __device__ float* xsum() const { return reinterpret_cast<float*>(base + SM_XSUM); }   // MMA_LOOP: xs[b] + X_MAX / XBLK
   __device__ float* red() const { return reinterpret_cast<float*>(base + SM_RED); }
   // fp16 rmsnorm(x) * w for the dense bf16 rows (beta, router): the second half of red, which the
   // unpaired projections that follow a staging never fold into, and the router's phase ends at a barrier
@@ -496,39 +489,6 @@ __device__ __forceinline__ unsigned x_int16_pair(float lo, float hi, float inv) 
 }
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-// Where the stagings put x for the GEMV loop. DP2A loop: the int16 values. MMA loop: per x block two planes of
-// XBLK signed bytes, the low bytes and (x + 128) >> 8 (so x = 256 high + low, both in s8 as |x| <= 2^14),
-// element e of a block at 8 ((e % 16) / 4) + 4 (e / 16) + e % 4 of its plane: lane (g, t)'s B fragment (k 4t..4t+3
-// and 16+4t..16+4t+3) is one 8-byte load; and beside each block's scale the sum of its values (the zero point's).
-__device__ __forceinline__ unsigned xb_offset(unsigned k) {
-  const unsigned e = k % XBLK;
-  return (k / XBLK) * 2 * XBLK + 8 * ((e % 16) / 4) + 4 * (e / 16) + e % 4;
-}
-// x[k..k+3] (k % 4 == 0) from two int16 pairs (x_int16_pair's); returns their sum (MMA loop)
-__device__ __forceinline__ int store_x4(const Smem& sm, int k, unsigned p0, unsigned p1) {
-  if (!MMA_LOOP) {
-    *reinterpret_cast<uint2*>(sm.xi() + k) = make_uint2(p0, p1);
-    return 0;
-  }
-  unsigned char* at = reinterpret_cast<unsigned char*>(sm.xi()) + xb_offset(k);
-  *reinterpret_cast<unsigned*>(at) = __byte_perm(p0, p1, 0x6420);
-  // + 0x80 rounds the low half's high byte, + 0x800000 the high half's; carries out of either are not read
-  *reinterpret_cast<unsigned*>(at + XBLK) = __byte_perm(__byte_perm(p0 + 0x80u, p0 + 0x800000u, 0x0071),
-                                                        __byte_perm(p1 + 0x80u, p1 + 0x800000u, 0x0071), 0x5410);
-  return (short)p0 + ((int)p0 >> 16) + (short)p1 + ((int)p1 >> 16);
-}
-// x[k] from x_int16_bits; returns its value (MMA loop)
-__device__ __forceinline__ int store_x1(const Smem& sm, int k, unsigned bits) {
-  if (!MMA_LOOP) {
-    sm.xi()[k] = (short)bits;
-    return 0;
-  }
-  unsigned char* at = reinterpret_cast<unsigned char*>(sm.xi()) + xb_offset(k);
-  at[0] = (unsigned char)bits;
-  at[XBLK] = (unsigned char)((bits + 128u) >> 8);
-  return (short)bits;
-}
-
 // x <- bf16(rmsnorm(src) * w) as int16 blocks, and as fp16 (exact for bf16 values in the normal range)
 // for the dense rows. Every load (16 bytes per 8 elements) is issued before the block reduction: one L2
 // round trip. A block's scale comes from a bound taken before the reduction, r * max|src * w| * (1 + 2^-6)
@@ -563,7 +523,6 @@ __device__ __noinline__ void stage_rmsnorm(const bf16* src, const bf16* w, const
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int v = threadIdx.x + i * THREADS;
-    int sum = 0;   // MMA loop: this thread's share of its block's sum of x
     if (v < V) {
       float f[8], g[8], xs;
       unpack8(xv[i], f);
@@ -580,17 +539,8 @@ __device__ __noinline__ void stage_rmsnorm(const bf16* src, const bf16* w, const
         const __half2 hh = __halves2half2(__float2half_rn(lo), __float2half_rn(hi));
         hw[j] = *reinterpret_cast<const unsigned*>(&hh);
       }
-      if (MMA_LOOP) {
-        sum = store_x4(sm, 8 * v, q.x, q.y) + store_x4(sm, 8 * v + 4, q.z, q.w);
-      } else {
-        *reinterpret_cast<uint4*>(sm.xi() + 8 * v) = q;
-      }
+      *reinterpret_cast<uint4*>(sm.xi() + 8 * v) = q;
       *reinterpret_cast<uint4*>(sm.xh() + 8 * v) = h;
-    }
-    if (MMA_LOOP) {   // outside `v < V`: every lane of the warp takes part
-#pragma unroll
-      for (int o = 1; o < XBLK / 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (v < V && v % (XBLK / 8) == 0) sm.xsum()[v / (XBLK / 8)] = (float)sum;
     }
   }
   __syncthreads();
@@ -616,12 +566,8 @@ __device__ __noinline__ void stage_floats(const float* src, int n, const Smem sm
     float xs;
     const float inv = x_block_scale(top, &xs);
     if (v % (XBLK / 4) == 0) sm.xs()[v / (XBLK / 4)] = xs;
-    int sum = store_x4(sm, 4 * v, x_int16_pair(f[i].x, f[i].y, inv), x_int16_pair(f[i].z, f[i].w, inv));
-    if (MMA_LOOP) {
-#pragma unroll
-      for (int o = 1; o < XBLK / 4; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (v % (XBLK / 4) == 0) sm.xsum()[v / (XBLK / 4)] = (float)sum;
-    }
+    *reinterpret_cast<uint2*>(sm.xi() + 4 * v) =
+        make_uint2(x_int16_pair(f[i].x, f[i].y, inv), x_int16_pair(f[i].z, f[i].w, inv));
   }
   __syncthreads();
 }
@@ -674,14 +620,8 @@ __device__ __forceinline__ void fold_columns(float* acc, const int* sum, const u
 // reduction across the halves in fold_chunk (~45 fewer of a chunk step's ~500 per warp, SASS). With HI_BY_SUB
 // the high nibbles' DP2A read the whole bytes (q_lo + 16 q_hi, at most 255 * 2^14 * 32 < 2^31 after the
 // swap) and the low nibbles' sums come off once per slab: 32 fewer LOP3, 8 more IADD per warp and slab.
-__device__ void gemv_chunk_mma(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
-                               const unsigned char* xb, const float* xs, float* acc);
 __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
                            const short* xi, const float* xs, float* acc) {
-  if (MMA_LOOP) {
-    gemv_chunk_mma(slot, N, col0, slab_begin, slab_end, reinterpret_cast<const unsigned char*>(xi), xs, acc);
-    return;
-  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int seg = lane & 15, par = lane >> 4;
   const int slab = slab_begin + warp;
@@ -743,99 +683,11 @@ __device__ void gemv_chunk(const unsigned char* slot, int N, int col0, int slab_
   fold_columns<4>(acc, a, sw, zw, xsum, x_scale);
 }
 
-// d += A (16 x 32 u8) B (32 x 8 s8), exact in int32: the four registers of lane (g, t) are A's rows g, g + 8 at
-// k 4t..4t+3 and 16+4t..16+4t+3, B's column g at the same k, d's rows g, g + 8 at columns 2t, 2t + 1.
-__device__ __forceinline__ void mma_u8s8(int (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, uint2 b) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
-}
-
-// MMA_LOOP: acc[0..3] += this lane's share of warp w's 32 columns (col0 + 32w + 4g + i) over the chunk's slabs,
-// from the binding's MMA fragment layout (abi.py: a slab's 4 KB as [warp][lane][16 B]) and x's byte planes
-// (xb_offset). MMA rows are bytes: row g (+8) holds column 4g (+1) in its low nibble and 4g + 2 (+3) in its high
-// one. Per slab two MMAs, one on the low nibbles (one AND per word) and one on the whole bytes (q_lo + 16 q_hi);
-// the high nibbles' sums are their difference / 16. Slab s multiplies x in B columns 2 (s % 4) (low plane) and
-// 2 (s % 4) + 1 (high plane), zero elsewhere, so four slabs' sums stay apart in one accumulator and lane t
-// folds slab 4 set + t: y += scale * xs * (sum - zero * sum x), sum = d_low + 256 d_high, each lane 4 columns.
-// The four lanes of a row hold different slabs; fold_chunk adds them. Sums stay below 2^31 (255 * 2^14 * 32).
-__device__ void gemv_chunk_mma(const unsigned char* slot, int N, int col0, int slab_begin, int slab_end,
-                               const unsigned char* xb, const float* xs, float* acc) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  if (col0 + 32 * warp >= N) return;   // whole warp: tiles are whole 32-column groups past N
-  const int n = slab_end - slab_begin;
-  int d[2][2][4];   // [slabs 0-3, 4-7][low nibbles, whole bytes]
-#pragma unroll
-  for (int i = 0; i < 16; ++i) (&d[0][0][0])[i] = 0;
-  const unsigned char* wp = slot + warp * 512 + lane * 16;
-  const unsigned char* xp = xb + slab_begin * 2 * XBLK + (g & 1) * XBLK + t * 8;
-  // Four slabs at a time, their loads issued before their MMAs; the second four only if the chunk has them (a
-  // tail chunk, e.g. an output projection's 4-5 slabs). A slab past the chunk's end within a four multiplies the
-  // slot's stale bytes by a zero B (exact), and its lane folds nothing.
-#pragma unroll
-  for (int set = 0; set < 2; ++set) {
-    if (4 * set >= n) break;   // the whole warp
-    uint4 a[4];
-    uint2 b[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int s = 4 * set + j;
-      a[j] = *reinterpret_cast<const uint4*>(wp + s * SLAB * TILE);
-      b[j] = (g >> 1) == j && s < n ? *reinterpret_cast<const uint2*>(xp + s * 2 * XBLK) : make_uint2(0u, 0u);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      mma_u8s8(d[set][0], a[j].x & 0x0F0F0F0Fu, a[j].y & 0x0F0F0F0Fu, a[j].z & 0x0F0F0F0Fu, a[j].w & 0x0F0F0F0Fu, b[j]);
-      mma_u8s8(d[set][1], a[j].x, a[j].y, a[j].z, a[j].w, b[j]);
-    }
-  }
-  const float* xsum = xs + X_MAX / XBLK;   // Smem::xsum
-  const int gbase = (slab_begin * SLAB) / GROUP_ROWS;
-#pragma unroll
-  for (int set = 0; set < 2; ++set) {
-    const int s = 4 * set + t;
-    if (s >= n) continue;
-    const int gi = ((slab_begin + s) * SLAB) / GROUP_ROWS - gbase;
-    const uint2 sw = *reinterpret_cast<const uint2*>(slot + RING_W_BYTES + gi * RING_G_BYTES + (32 * warp + 4 * g) * 2);
-    const uint2 zw =
-        *reinterpret_cast<const uint2*>(slot + RING_W_BYTES + (CHUNK_GROUPS + gi) * RING_G_BYTES + (32 * warp + 4 * g) * 2);
-    const float x_scale = xs[slab_begin + s], x_sum = xsum[slab_begin + s];
-    const int* lo = d[set][0];
-    const int* wh = d[set][1];
-    const int lo_g = lo[0] + 256 * lo[1], lo_g8 = lo[2] + 256 * lo[3];
-    const int hi_g = (wh[0] + 256 * wh[1] - lo_g) >> 4, hi_g8 = (wh[2] + 256 * wh[3] - lo_g8) >> 4;
-    acc[0] = fmaf(bf16_lo(sw.x) * x_scale, fmaf(-bf16_lo(zw.x), x_sum, (float)lo_g), acc[0]);
-    acc[1] = fmaf(bf16_hi(sw.x) * x_scale, fmaf(-bf16_hi(zw.x), x_sum, (float)lo_g8), acc[1]);
-    acc[2] = fmaf(bf16_lo(sw.y) * x_scale, fmaf(-bf16_lo(zw.y), x_sum, (float)hi_g), acc[2]);
-    acc[3] = fmaf(bf16_hi(sw.y) * x_scale, fmaf(-bf16_hi(zw.y), x_sum, (float)hi_g8), acc[3]);
-  }
-}
-
 // Add this lane's column sums of one chunk into its warp's row of the unit's sums (`row`, this warp's
 // own: no block barrier), then zero them. The first chunk of a (unit, matrix) stores instead. With
 // FOLD_SPLIT each lane holds 8 whole columns; without, 16 columns of its half, added across the halves here.
 __device__ void fold_chunk(float* acc, float* row, bool first) {
   const int lane = threadIdx.x & 31, seg = lane & 15, par = lane >> 4;
-  if (MMA_LOOP) {   // the four lanes of a row add their slabs; lane t = 0 writes the warp's 4 columns of the row
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 1);
-      acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2);
-    }
-    if ((lane & 3) == 0) {
-      float4* dst = reinterpret_cast<float4*>(row + 32 * (threadIdx.x >> 5) + lane);
-      float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (!first) {
-        const float4 o = *dst;
-        v.x += o.x; v.y += o.y; v.z += o.z; v.w += o.w;
-      }
-      *dst = v;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
-    return;
-  }
   constexpr int QUADS = FOLD_SPLIT ? 2 : 4;   // float4s of columns this lane writes
   if (!FOLD_SPLIT) {
 #pragma unroll
@@ -863,7 +715,7 @@ __device__ void reduce_unit(const float* red, float* sums, int nm) {
   for (int t = threadIdx.x; t < nm * TILE; t += THREADS) {
     const int m = t / TILE, c = t % TILE;
     float v = 0.0f;
-    for (int w = 0; w < (MMA_LOOP ? 1 : WARPS); ++w) v += red[(m * WARPS + w) * TILE + c];   // MMA: one row per matrix
+    for (int w = 0; w < WARPS; ++w) v += red[(m * WARPS + w) * TILE + c];
     sums[t] = v;
   }
   __syncthreads();
@@ -1217,12 +1069,7 @@ __device__ void stage_swiglu(const float* part, int parts, int k0, int n, const 
     float xs;
     const float inv = x_block_scale(top, &xs);
     if (k % XBLK == 0) sm.xs()[(off + k0 + k) / XBLK] = xs;
-    int sum = store_x1(sm, off + k0 + k, x_int16_bits(y, inv));
-    if (MMA_LOOP) {
-#pragma unroll
-      for (int o = 1; o < XBLK; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (k % XBLK == 0) sm.xsum()[(off + k0 + k) / XBLK] = (float)sum;
-    }
+    sm.xi()[off + k0 + k] = (short)x_int16_bits(y, inv);
   }
   __syncthreads();
 }
@@ -1261,7 +1108,7 @@ __device__ __noinline__ void run_jobs(const Job* jobs, const Ctx cx, const Smem 
     if (jb.ready && c.slab == c.s0() && c.m() == 0) await_input(jb, c, sm);
     gemv_chunk(sm.ring(slot), jb.N, tile * TILE, c.slab, min(c.slab + CHUNK_SLABS, c.s1()), sm.xi() + jb.x_off,
                sm.xs() + jb.x_off / XBLK, acc);
-    fold_chunk(acc, sm.red() + (c.m() * WARPS + (MMA_LOOP ? 0 : threadIdx.x >> 5)) * TILE, c.slab == c.s0());
+    fold_chunk(acc, sm.red() + (c.m() * WARPS + (threadIdx.x >> 5)) * TILE, c.slab == c.s0());
     const Chunk nn = nx.unit < total ? next_chunk(jobs, total, nx) : nx;
     __syncthreads();   // the slot is read, the folds are visible
     mark_chunk(cx, k, CH_READ);
