@@ -141,7 +141,9 @@ ZERO_FINISH = {f: 0.0 for f in Finish}
 WHAT_IFS = (
     WhatIf(key="tc-mma", label="tensor-core inner loop (mma.sync probe: 1.37x the fp16 loop per chunk, 0.85x the "
                                "DP2A loop)", machine={"compute_scale": 1.54 / 1.37 / 0.96}),
-    WhatIf(key="loop-2x", label="inner loop twice as fast", machine={"compute_scale": 0.5}),
+    WhatIf(key="loop-2x", label="inner loop twice as fast (the model's lever, not the kernel's: a tensor-core loop "
+                                "with a 0.73x chunk step measured no faster, BENCHMARKS.md 2026-12-07)",
+           machine={"compute_scale": 0.5}),
     WhatIf(key="compute-free", label="GEMV compute free (chunk steps, their folds and latency floor cost nothing)",
            machine={"compute_scale": 0.01, "fold_us": 0.0, "fold_per_slab_us": 0.0}),
     WhatIf(key="finish-free", label="split-K finishes free (the bound of a cluster reduce, step 3)",
