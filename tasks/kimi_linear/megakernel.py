@@ -20,8 +20,7 @@ this file after them and drops the relative imports).
 from __future__ import annotations
 
 import ctypes
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -184,7 +183,7 @@ class MegakernelModel(KimiBlocks):
             )
             row_read = blk.attn.kv_b if blk.kind != "K" else None   # the absorbs read MLA's kv_b row by row
             for j, lin in enumerate(projs[:NUM_PROJ]):
-                self._set_qw(lp.proj[j], lin, dataclasses.replace(layout, mma=False) if lin is row_read else layout)
+                self._set_qw(lp.proj[j], lin, replace(layout, mma=False) if lin is row_read else layout)
             if blk.kind == "K":
                 lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
                 lp.conv_w = blk.attn.conv_w.data_ptr()
