@@ -31,6 +31,12 @@ def x_planes(xi: numpy.ndarray) -> numpy.ndarray:
     return out
 
 
+def planes_to_sums(planes: numpy.ndarray) -> numpy.ndarray:
+    """Each block's sum of x (the stagings store it beside the scale), from its two planes."""
+    return planes[:, :32].astype(numpy.int8).astype(numpy.int64).sum(1) + 256 * planes[:, 32:].astype(
+        numpy.int8).astype(numpy.int64).sum(1)
+
+
 def a_matrix(frag: numpy.ndarray) -> numpy.ndarray:
     """A (16 x 32) from the lanes' 16 bytes: register i of lane 4g + t holds row g + 8 (i & 1), k 4t + 16 (i >> 1)."""
     a = numpy.zeros((16, 32), dtype=numpy.int64)
@@ -61,7 +67,7 @@ def lane_d(d: numpy.ndarray, lane: int) -> list[int]:
 def emulate_chunk(frags: numpy.ndarray, planes: numpy.ndarray, xs: numpy.ndarray, scales: numpy.ndarray,
                   zeros: numpy.ndarray, slabs: int) -> numpy.ndarray:
     """The tile's 256 column sums of one chunk of `slabs` slabs, as gemv_chunk and fold_chunk compute them."""
-    xsum = numpy.array([int(v) for v in planes_to_sums(planes)])
+    xsum = planes_to_sums(planes)
     out = numpy.zeros(TILE)
     for w in range(8):
         d = numpy.zeros((2, 2, 16, 8), dtype=numpy.int64)   # [set][low nibbles, whole bytes]
@@ -94,12 +100,6 @@ def emulate_chunk(frags: numpy.ndarray, planes: numpy.ndarray, xs: numpy.ndarray
         for g in range(8):
             out[32 * w + 4 * g: 32 * w + 4 * g + 4] = acc[4 * g: 4 * g + 4].sum(axis=0)
     return out
-
-
-def planes_to_sums(planes: numpy.ndarray) -> numpy.ndarray:
-    """Each block's sum of x (the stagings store it beside the scale), from its two planes."""
-    return planes[:, :32].astype(numpy.int8).astype(numpy.int64).sum(1) + 256 * planes[:, 32:].astype(
-        numpy.int8).astype(numpy.int64).sum(1)
 
 
 @pytest.mark.parametrize("slabs", [8, 5])
