@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -192,6 +192,21 @@ for step in "$@"; do
       grep -E "g/u|kernel" "$OUT/stamps-await-early-2048.log" | head -6
       python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60 --latest 8 2>&1 |
         tee "$OUT/awaitearly-blocks.txt" | tail -14 ;;
+    outissue)  # the output projection's input and first chunks (out-issue.patch, O_SLICE and OUT_ISSUE; 43rd session):
+               # the seed, the patch at 0/0 (control), the staged K slice alone, and with the chunks issued one
+               # barrier earlier or at the phase's start, interleaved at 2K and 16K; every version's timeline at 2K
+      x=traces/examples/kimi-out-issue/out-issue.patch
+      NO_PHASES=1 knob_experiment $x outissue O_SLICE=0,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=1 \
+        O_SLICE=1,OUT_ISSUE=2
+      for spec in seed 0-0 1-0 1-1 1-2; do
+        k=kernels/kimi_linear/seed.cu
+        if [ "$spec" != seed ]; then
+          k=$(patched $x "out-$spec") || { echo "patch failed"; continue; }
+          set_knobs "$k" "O_SLICE=${spec%-*},OUT_ISSUE=${spec#*-}"
+        fi
+        timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases > "$OUT/outissue_phases_$spec.log" 2>&1
+        echo "$spec: $(grep -E "o_proj|delta|merge|kda project|total" "$OUT/outissue_phases_$spec.log" | tr -s ' ' | head -12 | tr '\n' ';')"
+      done ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
               # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
               # upstream check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
