@@ -169,7 +169,7 @@ constexpr size_t JOBS_BYTES = 2048;
 constexpr size_t SM_RING = SM_JOBS + JOBS_BYTES;                          // 2 ring slots
 constexpr size_t SM_GEMV_BYTES = SM_RING + 2 * RING_SLOT;
 static_assert(X_MAX % XBLK == 0 && HIDDEN % XBLK == 0 && MOE_INTER % XBLK == 0, "whole int16 x blocks");
-static_assert(C_KDA % (4 * XBLK) == 0 && MLA_O_K % (4 * XBLK) == 0, "stage_floats: whole warps");
+static_assert(C_KDA % XBLK == 0 && MLA_O_K % XBLK == 0, "stage_floats: whole x blocks");
 static_assert(2 * HIDDEN <= 4 * WARPS * TILE, "the fp16 copy of a staged rmsnorm fits the second half of red");
 static_assert(SM_XS % 16 == 0 && SM_RED % 16 == 0, "16-byte accesses to x and red");
 constexpr int P_STRIDE = ATT_TT + 8;                                      // bf16
@@ -546,23 +546,25 @@ __device__ __noinline__ void stage_rmsnorm(const bf16* src, const bf16* w, const
   __syncthreads();
 }
 
-// x <- src[0..n) as int16 blocks for n % (4 * XBLK) == 0 (whole warps), every 16-byte load in flight
-// before the first block's maximum is exchanged (eight threads hold a block).
-__device__ __noinline__ void stage_floats(const float* src, int n, const Smem sm) {
+// x[k0, k1) <- src[k0, k1) as int16 blocks (k0 and k1 whole blocks: eight threads of a warp hold one), every
+// 16-byte load in flight before the first block's maximum is exchanged. The rest of x is left as it was.
+__device__ __noinline__ void stage_floats(const float* src, int k0, int k1, const Smem sm) {
   constexpr int PER = (imax(C_KDA, MLA_O_K) / 4 + THREADS - 1) / THREADS;
+  const int v0 = k0 / 4, v1 = k1 / 4;
   float4 f[PER];
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const int v = threadIdx.x + i * THREADS;
-    f[i] = v < n / 4 ? __ldcg(reinterpret_cast<const float4*>(src) + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int v = v0 + threadIdx.x + i * THREADS;
+    f[i] = v < v1 ? __ldcg(reinterpret_cast<const float4*>(src) + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
-    const int v = threadIdx.x + i * THREADS;
-    if (v >= n / 4) break;   // whole warps
+    const int v = v0 + threadIdx.x + i * THREADS;
+    if (v0 + (threadIdx.x & ~31) + i * THREADS >= v1) break;   // the whole warp is past the slice
     unsigned top = max(max(abs_bits(f[i].x), abs_bits(f[i].y)), max(abs_bits(f[i].z), abs_bits(f[i].w)));
 #pragma unroll
     for (int o = 1; o < XBLK / 4; o <<= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    if (v >= v1) continue;   // a block past the slice: all eight of its threads
     float xs;
     const float inv = x_block_scale(top, &xs);
     if (v % (XBLK / 4) == 0) sm.xs()[v / (XBLK / 4)] = xs;
@@ -1284,10 +1286,29 @@ __device__ Job out_proj_job(const Ctx& cx, int slot, int K) {
   return jb;
 }
 
+// The K range [k0, k1) that covers every unit of this block in the phase's job table, as issue_first
+// deals them (k0 >= k1: none).
+__device__ void block_k_range(const Job* jobs, const RingSync* rs, int& k0, int& k1) {
+  k0 = 1 << 30;
+  k1 = 0;
+  for (int u = (blockIdx.x + gridDim.x - rs->skew) % gridDim.x; u < rs->total; u += gridDim.x) {
+    int rem, s0, s1;
+    const int j = job_of(jobs, u, rem);
+    slab_range(jobs[j], rem % jobs[j].ksplit, s0, s1);
+    k0 = min(k0, jobs[j].x_off + s0 * 2 * SLAB);
+    k1 = max(k1, jobs[j].x_off + s1 * 2 * SLAB);
+  }
+}
+
+// A unit reads only its K slice of o (~150 of 4096 at KSPLIT_O 28), so a block stages only its units'
+// slices, once the job table is known. Every block staging all of o (16 KB of the same lines) cost each
+// of these phases ~0.5 us (1.011x against the control, H100; BENCHMARKS.md 2026-12-07).
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
-  stage_floats(cx.attn_o(), mla ? MLA_O_K : C_KDA, sm);
   begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
+  int k0, k1;
+  block_k_range(sm.jobs(), sm.rs, k0, k1);
+  stage_floats(cx.attn_o(), k0, k1, sm);
   mark(cx, EV_STAGED);
   run_jobs(sm.jobs(), cx, sm);
 }
