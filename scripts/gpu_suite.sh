@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -206,6 +206,18 @@ for step in "$@"; do
         fi
         timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases > "$OUT/outissue_phases_$spec.log" 2>&1
         echo "$spec: $(grep -E "o_proj|delta|merge|kda project|total" "$OUT/outissue_phases_$spec.log" | tr -s ' ' | head -12 | tr '\n' ';')"
+      done ;;
+    outearly)  # the output projections' first chunks issued before their barrier (out-early.patch, OUT_KDA and
+               # OUT_MLA; 43rd session): the seed, the patch at 0/0 (control), KDA's inside the delta rule, with MLA's
+               # after the attention, and both one barrier early, interleaved at 2K and 16K; every timeline at 2K
+      x=traces/examples/kimi-out-issue/out-early.patch
+      NO_PHASES=1 knob_experiment $x outearly OUT_KDA=0,OUT_MLA=0 OUT_KDA=2,OUT_MLA=0 OUT_KDA=2,OUT_MLA=1 \
+        OUT_KDA=1,OUT_MLA=1
+      for spec in 0-0 2-0 2-1 1-1; do
+        k=$(patched $x "early-$spec") || { echo "patch failed"; continue; }
+        set_knobs "$k" "OUT_KDA=${spec%-*},OUT_MLA=${spec#*-}"
+        timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases > "$OUT/outearly_phases_$spec.log" 2>&1
+        echo "$spec: $(grep -E "o_proj|delta|attention|merge|kda project|total" "$OUT/outearly_phases_$spec.log" | tr -s ' ' | head -14 | tr '\n' ';')"
       done ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
               # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
