@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -219,6 +219,17 @@ for step in "$@"; do
         timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases > "$OUT/outearly_phases_$spec.log" 2>&1
         echo "$spec: $(grep -E "o_proj|delta|attention|merge|kda project|total" "$OUT/outearly_phases_$spec.log" | tr -s ' ' | head -14 | tr '\n' ';')"
       done ;;
+    attnlo)  # the attention's q and P as one bf16 each instead of high + low parts (attn-lo.patch, ATT_Q_LO and
+             # ATT_P_LO; 43rd session): the seed, the patch at 1/1 (control), each low part dropped, both, interleaved
+             # at 2K and 16K; then the seed and both dropped benched at 16K with stamps, their errors side by side
+      x=traces/examples/kimi-attn-lo/attn-lo.patch
+      NO_PHASES=1 knob_experiment $x attnlo ATT_Q_LO=1,ATT_P_LO=1 ATT_Q_LO=0,ATT_P_LO=1 ATT_Q_LO=1,ATT_P_LO=0 \
+        ATT_Q_LO=0,ATT_P_LO=0
+      k=$(patched $x attn-lo-both) || { echo "patch failed"; continue; }
+      set_knobs "$k" ATT_Q_LO=0,ATT_P_LO=0
+      timeout 150 python3 run_agent.py bench --ctx 16384 --phases --json > "$OUT/attnlo_seed.json" 2> "$OUT/attnlo_seed.err"
+      timeout 150 python3 run_agent.py bench "$k" --ctx 16384 --phases --json > "$OUT/attnlo_both.json" 2> "$OUT/attnlo_both.err"
+      python3 scripts/bench_errors.py "$OUT/attnlo_seed.json" "$OUT/attnlo_both.json" 2>&1 | tee "$OUT/attnlo_errors.txt" ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
               # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
               # upstream check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
