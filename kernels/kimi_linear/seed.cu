@@ -31,9 +31,9 @@
 // reuse (code, states, partials) then stays resident (-13 µs per step).
 //
 // MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
-// cache, 16 heads per unit and the context split across the grid; fp32 operands enter as bf16
-// high + low parts, q's fragments stay in registers and the cache tiles land by bulk copies in a
-// shared-memory double buffer. The MLA-only phases (absorb q, attention, merge) are not inlined:
+// cache, 16 heads per unit and the context split across the grid; q and the softmax weights enter
+// rounded to bf16 (as upstream's bf16 path has them), q's fragments stay in registers and the cache
+// tiles land by bulk copies in a shared-memory double buffer. The MLA-only phases (absorb q, attention, merge) are not inlined:
 // the kernel body's register allocation then serves the GEMV phases alone (-15 µs per step).
 //
 // Int4 inner loop: integer dot products. The staged input x is int16 in blocks of 32 (x = xi * xs, xs a
@@ -120,12 +120,12 @@ constexpr size_t OFF_ATTN_O = OFF_BETA + align4(KDA_H);
 constexpr size_t OFF_LOGITS = OFF_ATTN_O + align4(imax(C_KDA, MLA_O_K));
 constexpr size_t OFF_QN = OFF_LOGITS + align4(N_EXPERTS);
 constexpr size_t OFF_QR = OFF_QN + (size_t)MLA_H * QK_NOPE;
-// q = [q_eff | q_rope] as the attention's MMA A fragments, bf16 high and low parts: words
-// [head group][k step][lane][high 0-3, low 0-3], so a lane's share of a k step is 32 contiguous bytes
+// q = [q_eff | q_rope] as the attention's MMA A fragments in bf16: words [head group][k step][lane][0-3],
+// so a lane's share of a k step is 16 contiguous bytes
 constexpr int Q_KSTEPS = ATT_K / 16;
 constexpr size_t OFF_QFRAG = OFF_QR + (size_t)MLA_H * QK_ROPE;
 constexpr size_t APART_STRIDE = KV_LORA + 2;                             // m, l, ctx[KV_LORA]
-constexpr size_t OFF_APART = OFF_QFRAG + (size_t)(MLA_H / ATT_HG) * Q_KSTEPS * 32 * 8;
+constexpr size_t OFF_APART = OFF_QFRAG + (size_t)(MLA_H / ATT_HG) * Q_KSTEPS * 32 * 4;
 static_assert(OFF_QFRAG % 4 == 0 && OFF_APART % 4 == 0 && ATT_HG * APART_STRIDE % 4 == 0, "16-byte aligned q fragments and partials");
 constexpr size_t OFF_SPLITK = OFF_APART + (size_t)ATTN_MAX_SPLITS * MLA_H * APART_STRIDE;
 constexpr size_t GU_PART_FLOATS = (size_t)(N_SHARED * KSPLIT_SHARED + N_ACTIVE * KSPLIT_GU) * 2 * MOE_INTER;
@@ -178,9 +178,8 @@ constexpr int SC_STRIDE = ATT_TT + 8;                                     // flo
 constexpr size_t KEY_TILE_BYTES = 2 * (size_t)ATT_TT * KEY_STRIDE;
 constexpr size_t SA_KEY = 0;                                              // bf16 [2][ATT_TT][KEY_STRIDE]: double buffer
 constexpr size_t SA_SC = SA_KEY + 2 * KEY_TILE_BYTES;                     // float [WARPS][16][SC_STRIDE]: per-warp K slices
-constexpr size_t SA_PH = SA_SC + 4 * (size_t)WARPS * 16 * SC_STRIDE;      // bf16 [16][P_STRIDE]: p, high part
-constexpr size_t SA_PL = SA_PH + 2 * 16 * (size_t)P_STRIDE;               // bf16: p - high
-constexpr size_t SA_STAT = SA_PL + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
+constexpr size_t SA_PH = SA_SC + 4 * (size_t)WARPS * 16 * SC_STRIDE;      // bf16 [16][P_STRIDE]: p
+constexpr size_t SA_STAT = SA_PH + 2 * 16 * (size_t)P_STRIDE;             // float m[16], l[16], alpha[16]
 constexpr size_t SM_ATTN_BYTES = SA_STAT + 4 * 3 * 16;
 static_assert(4 * ATT_HG * APART_STRIDE <= SA_SC, "a unit's partials are staged in the cache tiles' buffers");
 static_assert(KEY_TILE_BYTES % 16 == 0 && SA_PH % 16 == 0, "16-byte aligned attention tiles");
@@ -1349,16 +1348,12 @@ struct AbsorbRow {
 };
 
 // Columns col and col + 1 (col even) of head h's q = [q_eff | q_rope] into q's attention fragments:
-// m16n8k16 A registers, rows g and g + 8 (heads), columns 2c and 2c + 8 of a k step, each as a bf16 pair
-// (the high part, and four words above it the low part v - high).
+// m16n8k16 A registers, rows g and g + 8 (heads), columns 2c and 2c + 8 of a k step, each as a bf16 pair.
 __device__ void store_q_pair(const Ctx& cx, int h, int col, float x, float y) {
   const int row = h % ATT_HG, within = col % 16;
   const int lane = 4 * (row % 8) + (within % 8) / 2, reg = row / 8 + 2 * (within / 8);
-  const __nv_bfloat162 hi = __floats2bfloat162_rn(x, y);
-  const __nv_bfloat162 lo = __floats2bfloat162_rn(x - __low2float(hi), y - __high2float(hi));
-  unsigned* w = cx.qfrag() + (((size_t)(h / ATT_HG) * Q_KSTEPS + col / 16) * 32 + lane) * 8 + reg;
-  w[0] = *reinterpret_cast<const unsigned*>(&hi);
-  w[4] = *reinterpret_cast<const unsigned*>(&lo);
+  const __nv_bfloat162 q = __floats2bfloat162_rn(x, y);
+  cx.qfrag()[(((size_t)(h / ATT_HG) * Q_KSTEPS + col / 16) * 32 + lane) * 4 + reg] = *reinterpret_cast<const unsigned*>(&q);
 }
 
 // q_eff[h][c] = sum_d q_nope[h][d] W_kv_b[c, h*KVB_HEAD + d]   (absorbs W_uk into the query).
@@ -1448,12 +1443,6 @@ __device__ __forceinline__ void load_b_kn(unsigned& b0, unsigned& b1, const bf16
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(t + l * ld));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
-// v = hi + lo with both in bf16: a product with a bf16 operand then keeps ~16 bits of v.
-__device__ __forceinline__ void split_bf16(float v, bf16& hi, bf16& lo) {
-  hi = __float2bfloat16_rn(v);
-  lo = __float2bfloat16_rn(v - __bfloat162float(hi));
-}
-
 // Tokens [tt, tt + ATT_TT) of the latent cache and the roped keys into `keys`, one row per token (its
 // latent row, then its roped key), by the TMA engine on the weight ring's mbarrier of `buf` (the ring is
 // idle in the attention): lanes 0-15 of warps 0 and 1 copy a latent row each (1 KB), the lanes of warp 2
@@ -1497,18 +1486,16 @@ __device__ void issue_first_key_tile(const Ctx& cx, const Smem& sm, int t0, int 
     issue_key_tile(cx, sm, reinterpret_cast<bf16*>(sm.base + SA_KEY), 0, t0, t1);
   }
 }
-// q's A fragments of head group `group` at k step `ks` (store_q_pair's layout): two 16-byte loads per
+// q's A fragments of head group `group` at k step `ks` (store_q_pair's layout): one 16-byte load per
 // lane. Rows past ATT_HG (fewer than 16 heads) are never written: zero. Read as fp32 and converted per
 // block, with four 8-byte loads per k step, q was staged 1.6 µs later at 2K and 2.3 at 16K; copies of q
 // (fewer blocks per line) gained nothing more (H100, BENCHMARKS.md 2026-12-06).
-__device__ void q_fragments(const Ctx& cx, int group, int ks, unsigned* hi, unsigned* lo) {
+__device__ void q_fragments(const Ctx& cx, int group, int ks, unsigned* a) {
   const int lane = threadIdx.x & 31, g = lane >> 2;
-  const uint4* p = reinterpret_cast<const uint4*>(cx.qfrag() + (((size_t)group * Q_KSTEPS + ks) * 32 + lane) * 8);
-  const uint4 h = __ldcg(p), l = __ldcg(p + 1);
-  hi[0] = h.x; hi[1] = h.y; hi[2] = h.z; hi[3] = h.w;
-  lo[0] = l.x; lo[1] = l.y; lo[2] = l.z; lo[3] = l.w;
-  if (g >= ATT_HG) hi[0] = hi[2] = lo[0] = lo[2] = 0u;
-  if (g + 8 >= ATT_HG) hi[1] = hi[3] = lo[1] = lo[3] = 0u;
+  const uint4 q = __ldcg(reinterpret_cast<const uint4*>(cx.qfrag() + (((size_t)group * Q_KSTEPS + ks) * 32 + lane) * 4));
+  a[0] = q.x; a[1] = q.y; a[2] = q.z; a[3] = q.w;
+  if (g >= ATT_HG) a[0] = a[2] = 0u;
+  if (g + 8 >= ATT_HG) a[1] = a[3] = 0u;
 }
 
 // Split-context attention over the latent cache (absorbed form) on tensor cores, ATT_HG (16) heads
@@ -1517,9 +1504,10 @@ __device__ void q_fragments(const Ctx& cx, int group, int ks, unsigned* hi, unsi
 // for the whole unit: re-read from shared memory per tile by 4 warps each, they made the score loop
 // shared-memory bound), softmax with one warp per head, then ctx += P . c_kv (each warp owns
 // KV_LORA / WARPS columns, accumulators in registers). Cache tiles land by bulk copies in a double buffer:
-// tile i + 1 is in flight while tile i is computed. fp32 operands (q, p) enter as two bf16 MMAs (high
-// + low part), so products keep ~16 bits; the scalar FP32 version of this phase was arithmetic bound
-// (172 µs at 16K). Writes per (split, head): running max m, sum l, and the unnormalised context
+// tile i + 1 is in flight while tile i is computed. q and p enter rounded to bf16, as upstream's bf16
+// path has them: as high + low bf16 pairs (two MMAs each, ~16 bits) the attention took 2.3 µs longer at
+// 16K, with the same output error against the fp32 reference (BENCHMARKS.md 2026-12-07); the scalar
+// FP32 version of this phase was arithmetic bound (172 µs at 16K). Writes per (split, head): running max m, sum l, and the unnormalised context
 // sum_l p_l c_kv[l]. Not inlined: in the kernel body its registers (q fragments, P.V accumulators)
 // competed with every other phase's, and the output and KDA projections ran ~1 µs slower each.
 __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
@@ -1531,7 +1519,6 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
   bf16* key_buf = reinterpret_cast<bf16*>(sm.base + SA_KEY);
   float* sc = reinterpret_cast<float*>(sm.base + SA_SC);
   bf16* ph = reinterpret_cast<bf16*>(sm.base + SA_PH);
-  bf16* pl = reinterpret_cast<bf16*>(sm.base + SA_PL);
   float* stat = reinterpret_cast<float*>(sm.base + SA_STAT);   // m[16], l[16], alpha[16]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -1543,11 +1530,11 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
     const int t0 = split * per, t1 = min(tokens, t0 + per);
     __syncthreads();   // see issue_first_key_tile
     issue_first_key_tile(cx, sm, t0, t1);
-    unsigned qa[KS_W][2][4];   // [k step][high, low][fragment register]
+    unsigned qa[KS_W][4];   // [k step][fragment register]
 #pragma unroll
     for (int i = 0; i < KS_W; ++i)
-      if (i < KSTEPS / WARPS || warp + WARPS * i < KSTEPS) q_fragments(cx, h0 / ATT_HG, warp + WARPS * i, qa[i][0], qa[i][1]);
-    for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = pl[i] = __float2bfloat16_rn(0.0f);
+      if (i < KSTEPS / WARPS || warp + WARPS * i < KSTEPS) q_fragments(cx, h0 / ATT_HG, warp + WARPS * i, qa[i]);
+    for (int i = threadIdx.x; i < 16 * P_STRIDE; i += THREADS) ph[i] = __float2bfloat16_rn(0.0f);
     if (threadIdx.x < 16) { stat[threadIdx.x] = NEG_INF; stat[16 + threadIdx.x] = 0.0f; stat[32 + threadIdx.x] = 1.0f; }
     float acc[NPW][4];
 #pragma unroll
@@ -1573,8 +1560,7 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
             for (int nt = 0; nt < ATT_TT / 8; ++nt) {
               unsigned b0, b1;
               load_b_nk(b0, b1, keys + nt * 8 * KEY_STRIDE + k0, KEY_STRIDE);
-              mma_bf16(part[nt], qa[i][0], b0, b1);
-              mma_bf16(part[nt], qa[i][1], b0, b1);
+              mma_bf16(part[nt], qa[i], b0, b1);
             }
           }
         }
@@ -1613,7 +1599,7 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
         for (int j = 0; j < HPW; ++j) {
           const int hh = warp + j * WARPS;
           if (hh < ATT_HG) {
-            split_bf16(pr[j], ph[hh * P_STRIDE + lane], pl[hh * P_STRIDE + lane]);
+            ph[hh * P_STRIDE + lane] = __float2bfloat16_rn(pr[j]);
             if (lane == 0) {
               const float alpha = expf(m_old[j] - m_new[j]);
               stat[32 + hh] = alpha;
@@ -1630,15 +1616,13 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
       for (int j = 0; j < NPW; ++j) { acc[j][0] *= al_g; acc[j][1] *= al_g; acc[j][2] *= al_g8; acc[j][3] *= al_g8; }
 #pragma unroll
       for (int k0 = 0; k0 < ATT_TT; k0 += 16) {
-        unsigned a_hi[4], a_lo[4];
-        load_a(a_hi, ph + k0, P_STRIDE);
-        load_a(a_lo, pl + k0, P_STRIDE);
+        unsigned a[4];
+        load_a(a, ph + k0, P_STRIDE);
 #pragma unroll
         for (int j = 0; j < NPW; ++j) {
           unsigned b0, b1;
           load_b_kn(b0, b1, keys + k0 * KEY_STRIDE + (warp * NPW + j) * 8, KEY_STRIDE);
-          mma_bf16(acc[j], a_hi, b0, b1);
-          mma_bf16(acc[j], a_lo, b0, b1);
+          mma_bf16(acc[j], a, b0, b1);
         }
       }
       __syncthreads();   // the tiles are read; the next token tile may overwrite them
