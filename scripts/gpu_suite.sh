@@ -33,14 +33,15 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
                      # VARIANT (KNOB=VALUE[,KNOB=VALUE...], the patch's knobs), interleaved `compare` at 2K and 16K, then
                      # the barrier stamps at 2K of the seed before and of the last variant (NO_PHASES=1: none), and with
                      # KIMI_TESTS=1 tests/test_gpu_kimi.py on the patched seed. The first variant's first knob tells
-                     # whether PATCH has landed in the seed (then the patch reversed gives the seed before).
+                     # whether PATCH has landed in the seed (then the patch reversed gives the seed before). With
+                     # PATCH_BASE (a kernel file), that file is the seed before and the one patched.
   local pw=$1 name=$2 v b n spec; shift 2
   local knob=${1%%=*}
   v=$(mktemp -d)
   if grep -q "@knob $knob " kernels/kimi_linear/seed.cu; then
     b=$(patched "$pw" before -R) && n=kernels/kimi_linear/seed.cu || { echo "patch failed"; return 1; }
   else
-    b=kernels/kimi_linear/seed.cu && n=$(patched "$pw" after) || { echo "patch failed"; return 1; }
+    b=${PATCH_BASE:-kernels/kimi_linear/seed.cu} && n=$(patched "$pw" after) || { echo "patch failed"; return 1; }
   fi
   cp "$b" "$v/before.cu"
   local vs=("$v/before.cu")
@@ -194,12 +195,13 @@ for step in "$@"; do
         tee "$OUT/awaitearly-blocks.txt" | tail -14 ;;
     outissue)  # the output projection's input and first chunks (out-issue.patch, O_SLICE and OUT_ISSUE; 43rd session):
                # the seed, the patch at 0/0 (control), the staged K slice alone, and with the chunks issued one
-               # barrier earlier or at the phase's start, interleaved at 2K and 16K; every version's timeline at 2K
+               # barrier earlier or at the phase's start, interleaved at 2K and 16K; every version's timeline at 2K.
+               # The patch is against 9c76858's seed (PATCH_BASE=that file); the seed has since taken O_SLICE 1
       x=traces/examples/kimi-out-issue/out-issue.patch
       NO_PHASES=1 knob_experiment $x outissue O_SLICE=0,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=1 \
         O_SLICE=1,OUT_ISSUE=2
       for spec in seed 0-0 1-0 1-1 1-2; do
-        k=kernels/kimi_linear/seed.cu
+        k=${PATCH_BASE:-kernels/kimi_linear/seed.cu}
         if [ "$spec" != seed ]; then
           k=$(patched $x "out-$spec") || { echo "patch failed"; continue; }
           set_knobs "$k" "O_SLICE=${spec%-*},OUT_ISSUE=${spec#*-}"
@@ -221,13 +223,15 @@ for step in "$@"; do
       done ;;
     attnlo)  # the attention's q and P as one bf16 each instead of high + low parts (attn-lo.patch, ATT_Q_LO and
              # ATT_P_LO; 43rd session): the seed, the patch at 1/1 (control), each low part dropped, both, interleaved
-             # at 2K and 16K; then the seed and both dropped benched at 16K with stamps, their errors side by side
+             # at 2K and 16K; then the seed and both dropped benched at 16K with stamps, their errors side by side.
+             # The patch is against 85ce779's seed (PATCH_BASE=that file); the seed has since taken both at 0
       x=traces/examples/kimi-attn-lo/attn-lo.patch
       NO_PHASES=1 knob_experiment $x attnlo ATT_Q_LO=1,ATT_P_LO=1 ATT_Q_LO=0,ATT_P_LO=1 ATT_Q_LO=1,ATT_P_LO=0 \
         ATT_Q_LO=0,ATT_P_LO=0
       k=$(patched $x attn-lo-both) || { echo "patch failed"; continue; }
       set_knobs "$k" ATT_Q_LO=0,ATT_P_LO=0
-      timeout 150 python3 run_agent.py bench --ctx 16384 --phases --json > "$OUT/attnlo_seed.json" 2> "$OUT/attnlo_seed.err"
+      timeout 150 python3 run_agent.py bench "${PATCH_BASE:-kernels/kimi_linear/seed.cu}" --ctx 16384 --phases --json \
+        > "$OUT/attnlo_seed.json" 2> "$OUT/attnlo_seed.err"
       timeout 150 python3 run_agent.py bench "$k" --ctx 16384 --phases --json > "$OUT/attnlo_both.json" 2> "$OUT/attnlo_both.err"
       python3 scripts/bench_errors.py "$OUT/attnlo_seed.json" "$OUT/attnlo_both.json" 2>&1 | tee "$OUT/attnlo_errors.txt" ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
