@@ -235,10 +235,10 @@ for step in "$@"; do
       timeout 150 python3 run_agent.py bench "$k" --ctx 16384 --phases --json > "$OUT/attnlo_both.json" 2> "$OUT/attnlo_both.err"
       python3 scripts/bench_errors.py "$OUT/attnlo_seed.json" "$OUT/attnlo_both.json" 2>&1 | tee "$OUT/attnlo_errors.txt" ;;
     outl2)  # the output projection's first chunks into L2 only at the barrier before it, into the ring at its start
-            # (out-l2.patch, OUT_L2; 43rd session, prepared): the seed, the patch at 0 (control) and 1, interleaved
-            # at 2K and 16K; the timelines at 2K of the seed and of OUT_L2 1 (release skew in the critical
-            # block's release column); with KIMI_TESTS=1 the Kimi GPU tests on the patched seed
-      knob_experiment traces/examples/kimi-out-issue/out-l2.patch outl2 OUT_L2=0 OUT_L2=1 ;;
+            # (out-l2.patch, OUT_L2; 43rd session, prepared): the seed, the patch at 0 (control), 1 and 2 (also
+            # the projections' chunks), interleaved at 2K and 16K; the timelines at 2K of the seed and of OUT_L2 2
+            # (release skew in the critical block's release column); KIMI_TESTS=1: the Kimi GPU tests, patched
+      knob_experiment traces/examples/kimi-out-issue/out-l2.patch outl2 OUT_L2=0 OUT_L2=1 OUT_L2=2 ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
               # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
               # upstream check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
