@@ -90,7 +90,9 @@ class MachineModel(BaseModel):
     # ACC_COUNT 0 -> 1 measured -6.2 / -5.5 us/token at 2K / 16K; the first estimate, 0.1, predicted -10.8)
     epilogue_us: dict[Finish, float] = {Finish.PARTIAL: 0.0, Finish.RESIDUAL: 0.5, Finish.MLA: 2.0,
                                         Finish.MOE_OUT: 1.0, Finish.COUNTED: 0.7}
-    staging_us: dict[Staging, float] = {Staging.RMSNORM: 1.3, Staging.FLOATS: 0.7, Staging.ROUTE: 2.9}
+    # FLOATS: the output projection stages only its units' K slice since 85ce779 (it staged all 16 KB of o, 0.7);
+    # refitted to that change's stamps (H100, 2026-12-07: mean block 3.4 -> 2.8 us, spans 5.2-5.4 -> 4.6-4.7)
+    staging_us: dict[Staging, float] = {Staging.RMSNORM: 1.3, Staging.FLOATS: 0.15, Staging.ROUTE: 2.9}
     swiglu_us: float = Field(0.3, ge=0, description="a down unit's SwiGLU staging, besides its partial loads")
     arrive_us: float = Field(0.3, ge=0, description="last work to arrival at the grid barrier")
     barrier_us: float = Field(0.8, ge=0, description="last arrival to release (stamps: 0.67-0.86)")
