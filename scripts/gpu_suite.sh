@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -61,7 +61,7 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   for k in "${vs[0]}" "${vs[-1]}"; do
     local tag; tag=$(basename "$k" .cu); tag=${tag//[=,]/-}   # the device tool brings back no name with = or ,
     timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$tag.log" |
-      grep -E "timeline|L0 kda project|attention|g/u|total"
+      grep -E "timeline|L0 kda project|o_proj|attention|merge|g/u|total"
   done
 }
 
@@ -239,6 +239,12 @@ for step in "$@"; do
             # the projections' chunks), interleaved at 2K and 16K; the timelines at 2K of the seed and of OUT_L2 2
             # (release skew in the critical block's release column); KIMI_TESTS=1: the Kimi GPU tests, patched
       knob_experiment traces/examples/kimi-out-issue/out-l2.patch outl2 OUT_L2=0 OUT_L2=1 OUT_L2=2 ;;
+    mergeacc)  # the MLA merge's finish through counted fixed-point words and its W_uv row loaded at the unit's start
+               # (merge-acc.patch, MERGE_ACC and MERGE_W_EARLY; 43rd session, prepared): the seed, the patch at 0/0
+               # (control), each alone, both, interleaved at 2K and 16K; the timelines at 2K of the seed and of both
+               # (the merge span); KIMI_TESTS=1: the Kimi GPU tests, patched
+      knob_experiment traces/examples/kimi-merge-acc/merge-acc.patch mergeacc MERGE_ACC=0,MERGE_W_EARLY=0 \
+        MERGE_ACC=1,MERGE_W_EARLY=0 MERGE_ACC=0,MERGE_W_EARLY=1 MERGE_ACC=1,MERGE_W_EARLY=1 ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
               # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
               # upstream check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
