@@ -33,8 +33,9 @@
 // MLA attention runs on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the latent
 // cache, 16 heads per unit and the context split across the grid; q and the softmax weights enter
 // rounded to bf16 (as upstream's bf16 path has them), q's fragments stay in registers and the cache
-// tiles land by bulk copies in a shared-memory double buffer. The MLA-only phases (absorb q, attention, merge) are not inlined:
-// the kernel body's register allocation then serves the GEMV phases alone (-15 µs per step).
+// tiles land by bulk copies in a shared-memory double buffer. The MLA-only phases (absorb q, attention,
+// merge) are not inlined: the kernel body's register allocation then serves the GEMV phases alone (-15 µs
+// per step).
 //
 // Int4 inner loop: integer dot products. The staged input x is int16 in blocks of 32 (x = xi * xs, xs a
 // power of two per block). A lane loads 16 bytes = 16 columns x 2 k; with the binding's paired nibbles one
@@ -1301,7 +1302,7 @@ __device__ void block_k_range(const Job* jobs, const RingSync* rs, int& k0, int&
 
 // A unit reads only its K slice of o (~150 of 4096 at KSPLIT_O 28), so a block stages only its units'
 // slices, once the job table is known. Every block staging all of o (16 KB of the same lines) cost each
-// of these phases ~0.5 us (1.011x against the control, H100; BENCHMARKS.md 2026-12-07).
+// of these phases ~0.5 µs (1.011x against the control, H100; BENCHMARKS.md 2026-12-07).
 __device__ void attn_out_proj(const Ctx& cx, const Smem& sm, bool ahead) {
   const bool mla = is_mla_layer(cx.layer);
   begin_phase(mla ? JS_MLA_OUT : JS_KDA_OUT, cx, sm, ahead);
@@ -1507,8 +1508,8 @@ __device__ void q_fragments(const Ctx& cx, int group, int ks, unsigned* a) {
 // tile i + 1 is in flight while tile i is computed. q and p enter rounded to bf16, as upstream's bf16
 // path has them: as high + low bf16 pairs (two MMAs each, ~16 bits) the attention took 2.3 µs longer at
 // 16K, with the same output error against the fp32 reference (BENCHMARKS.md 2026-12-07); the scalar
-// FP32 version of this phase was arithmetic bound (172 µs at 16K). Writes per (split, head): running max m, sum l, and the unnormalised context
-// sum_l p_l c_kv[l]. Not inlined: in the kernel body its registers (q fragments, P.V accumulators)
+// FP32 version of this phase was arithmetic bound (172 µs at 16K). Writes per (split, head): running max
+// m, sum l, and the unnormalised context sum_l p_l c_kv[l]. Not inlined: in the kernel body its registers (q fragments, P.V accumulators)
 // competed with every other phase's, and the output and KDA projections ran ~1 µs slower each.
 __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
   constexpr int NPW = KV_LORA / 8 / WARPS;               // P*V n-tiles per warp
