@@ -24,6 +24,11 @@ def rel_l2(case: CheckCase, tensor_class: str) -> float | None:
     return max(values) if values else None
 
 
+def fmt(value: float | None) -> str:
+    """A table cell: four decimals, or a dash where a run has no such tensor."""
+    return "-" if value is None else f"{value:.4f}"
+
+
 def main(paths: list[str]) -> None:
     console = Console(width=200)
     table = Table(title="checked cases: rel-L2 against the fp32 reference")
@@ -36,9 +41,9 @@ def main(paths: list[str]) -> None:
         later = [v for v in (rel_l2(c, "later") for c in cases) if v is not None]
         first = next((c for c in cases if c.seed == 0 and c.kind == "step" and rel_l2(c, "out") is not None), None)
         table.add_row(Path(path).stem, str(bool(r.check and r.check.passed)), str(len(cases)),
-                      f"{statistics.median(outs):.4f}" if outs else "-", f"{max(outs):.4f}" if outs else "-",
-                      f"{max(later):.4f}" if later else "-",
-                      f"{rel_l2(first, 'out'):.4f} / {rel_l2(first, 'later'):.4f}" if first else "-")
+                      fmt(statistics.median(outs) if outs else None), fmt(max(outs, default=None)),
+                      fmt(max(later, default=None)),
+                      f"{fmt(rel_l2(first, 'out'))} / {fmt(rel_l2(first, 'later'))}" if first else "-")
         for timeline in r.phases:
             spans = {row.name: row.span_us for row in timeline.rows}
             mla = {k: v for k, v in spans.items() if any(w in k for w in ("absorb", "attention", "merge"))}

@@ -31,7 +31,8 @@ set_knobs() {  # set_knobs FILE KNOB=VALUE[,KNOB=VALUE...]: rewrite the @knob de
 
 knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PATCH against the patched seed at each
                      # VARIANT (KNOB=VALUE[,KNOB=VALUE...], the patch's knobs), interleaved `compare` at 2K and 16K, then
-                     # the barrier stamps at 2K of the seed before and of the last variant (NO_PHASES=1: none), and with
+                     # the barrier stamps at 2K of the seed before and of the last variant (NO_PHASES=1: none;
+                     # ALL_PHASES=1: of every version), and with
                      # KIMI_TESTS=1 tests/test_gpu_kimi.py on the patched seed. The first variant's first knob tells
                      # whether PATCH has landed in the seed (then the patch reversed gives the seed before). With
                      # PATCH_BASE (a kernel file), that file is the seed before and the one patched.
@@ -58,7 +59,9 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
     [ -n "$landed" ] || git apply -R "$pw"
   fi
   [ -n "${NO_PHASES:-}" ] && return 0
-  for k in "${vs[0]}" "${vs[-1]}"; do
+  local stamped=("${vs[0]}" "${vs[-1]}")
+  [ -n "${ALL_PHASES:-}" ] && stamped=("${vs[@]}")
+  for k in "${stamped[@]}"; do
     local tag; tag=$(basename "$k" .cu); tag=${tag//[=,]/-}   # the device tool brings back no name with = or ,
     timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$tag.log" |
       grep -E "timeline|L0 kda project|o_proj|attention|merge|g/u|total"
@@ -197,30 +200,13 @@ for step in "$@"; do
                # the seed, the patch at 0/0 (control), the staged K slice alone, and with the chunks issued one
                # barrier earlier or at the phase's start, interleaved at 2K and 16K; every version's timeline at 2K.
                # The patch is against 9c76858's seed (PATCH_BASE=that file); the seed has since taken O_SLICE 1
-      x=traces/examples/kimi-out-issue/out-issue.patch
-      NO_PHASES=1 knob_experiment $x outissue O_SLICE=0,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=1 \
-        O_SLICE=1,OUT_ISSUE=2
-      for spec in seed 0-0 1-0 1-1 1-2; do
-        k=${PATCH_BASE:-kernels/kimi_linear/seed.cu}
-        if [ "$spec" != seed ]; then
-          k=$(patched $x "out-$spec") || { echo "patch failed"; continue; }
-          set_knobs "$k" "O_SLICE=${spec%-*},OUT_ISSUE=${spec#*-}"
-        fi
-        timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases > "$OUT/outissue_phases_$spec.log" 2>&1
-        echo "$spec: $(grep -E "o_proj|delta|merge|kda project|total" "$OUT/outissue_phases_$spec.log" | tr -s ' ' | head -12 | tr '\n' ';')"
-      done ;;
+      ALL_PHASES=1 knob_experiment traces/examples/kimi-out-issue/out-issue.patch outissue O_SLICE=0,OUT_ISSUE=0 \
+        O_SLICE=1,OUT_ISSUE=0 O_SLICE=1,OUT_ISSUE=1 O_SLICE=1,OUT_ISSUE=2 ;;
     outearly)  # the output projections' first chunks issued before their barrier (out-early.patch, OUT_KDA and
                # OUT_MLA; 43rd session): the seed, the patch at 0/0 (control), KDA's inside the delta rule, with MLA's
                # after the attention, and both one barrier early, interleaved at 2K and 16K; every timeline at 2K
-      x=traces/examples/kimi-out-issue/out-early.patch
-      NO_PHASES=1 knob_experiment $x outearly OUT_KDA=0,OUT_MLA=0 OUT_KDA=2,OUT_MLA=0 OUT_KDA=2,OUT_MLA=1 \
-        OUT_KDA=1,OUT_MLA=1
-      for spec in 0-0 2-0 2-1 1-1; do
-        k=$(patched $x "early-$spec") || { echo "patch failed"; continue; }
-        set_knobs "$k" "OUT_KDA=${spec%-*},OUT_MLA=${spec#*-}"
-        timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases > "$OUT/outearly_phases_$spec.log" 2>&1
-        echo "$spec: $(grep -E "o_proj|delta|attention|merge|kda project|total" "$OUT/outearly_phases_$spec.log" | tr -s ' ' | head -14 | tr '\n' ';')"
-      done ;;
+      ALL_PHASES=1 knob_experiment traces/examples/kimi-out-issue/out-early.patch outearly OUT_KDA=0,OUT_MLA=0 \
+        OUT_KDA=2,OUT_MLA=0 OUT_KDA=2,OUT_MLA=1 OUT_KDA=1,OUT_MLA=1 ;;
     attnlo)  # the attention's q and P as one bf16 each instead of high + low parts (attn-lo.patch, ATT_Q_LO and
              # ATT_P_LO; 43rd session): the seed, the patch at 1/1 (control), each low part dropped, both, interleaved
              # at 2K and 16K; then the seed and both dropped benched at 16K with stamps, their errors side by side.
