@@ -61,7 +61,7 @@
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 // @knob FOLD_SPLIT 1 {0,1} the two row halves of a GEMV lane pair swap their int32 column sums so each lane folds 8 of its 16 columns (0: each lane folds 16, then the halves add their floats)
 // @knob HI_BY_SUB 1 {0,1} the high nibbles' DP2A take the whole packed bytes, and the low nibbles' sums are subtracted once per slab (one LOP3 per weight word instead of two)
-// @knob ACC_COUNT 1 {0,1} the output and down projections' accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival)
+// @knob ACC_COUNT 1 {0,1} the output and down projections' and the MLA merge's accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival; the merge's partials, an arrival counter per head and the last part's sum)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -141,13 +141,14 @@ static_assert((KV_LORA / 2) % ABSORB_PARTS == 0 && ABSORB_PARTS * MLA_O_K <= SPL
 static_assert(ABSORB_ROWS % (32 / (QK_NOPE / 16)) == 0 && ABSORB_ROWS % (32 / (V_HEAD / 16)) == 0 &&
               GROUP_ROWS % 32 == 0, "absorb rows: whole warp iterations, none straddling a quant group");
 // Counters (zeroed by the binding once): the tile counters of the phase that runs (MLA project, output
-// or down projection) from 0, then one per MLA head (merge), then per (slot, tile) the gate/up arrivals,
-// then the fixed-point accumulator of the output and down projections (HIDDEN u64: see acc_add, zero
-// between phases), then the grid barrier's.
+// or down projection) from 0, then one per MLA head (merge, ACC_COUNT 0), then per (slot, tile) the gate/up
+// arrivals, then the fixed-point accumulator of the output and down projections (HIDDEN u64: see acc_add, zero
+// between phases), then with ACC_COUNT the merge's (MLA_O_K u64), then the grid barrier's.
 constexpr int CNT_MERGE = imax(tiles_of(MLA_Q_N) + tiles_of(KVA_N), tiles_of(HIDDEN));
 constexpr int CNT_GATE_UP = CNT_MERGE + MLA_H;   // per (slot, tile): gate/up K slices arrived (down waits on them)
 constexpr int CNT_ACC = (CNT_GATE_UP + N_SLOTS * tiles_of(MOE_INTER) + 3) / 4 * 4;   // 16-byte aligned
-constexpr int COUNTER_WORDS = CNT_ACC + 2 * HIDDEN + 32;
+constexpr int CNT_MERGE_ACC = CNT_ACC + 2 * HIDDEN;
+constexpr int COUNTER_WORDS = CNT_MERGE_ACC + (ACC_COUNT ? 2 * MLA_O_K : 0) + 32;
 static_assert(N_SLOTS * tiles_of(MOE_INTER) <= THREADS, "one clearing thread per gate/up counter");
 constexpr int BARRIER_WORD = COUNTER_WORDS - 1;   // the grid barrier's counter; tile counters stay below
 
@@ -419,6 +420,7 @@ struct Ctx {
   __device__ float* apart() const { return scratch + OFF_APART; }
   __device__ float* splitk() const { return scratch + OFF_SPLITK; }
   __device__ unsigned long long* acc() const { return reinterpret_cast<unsigned long long*>(counters + CNT_ACC); }
+  __device__ unsigned long long* merge_acc() const { return reinterpret_cast<unsigned long long*>(counters + CNT_MERGE_ACC); }
 };
 
 // Profiling (PHASE_STAMPS 2): events inside a GEMV phase, stamped by thread 0 (the first four right after a
@@ -1653,15 +1655,59 @@ __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
   }
 }
 
+// The sum over a unit's row warps of column d of o[h]'s part (`red`, [ROW_WARPS][V_HEAD]).
+constexpr int MERGE_ROW_WARPS = ABSORB_ROWS / (32 / (V_HEAD / 16)) < WARPS ? ABSORB_ROWS / (32 / (V_HEAD / 16)) : WARPS;
+__device__ float merge_part_column(const float* red, int d) {
+  float v = 0.0f;
+  for (int w = 0; w < MERGE_ROW_WARPS; ++w) v += red[w * V_HEAD + d];
+  return v;
+}
+
+// ACC_COUNT: each part adds into o[h]'s counted fixed-point words; the add that completes a column's count
+// writes it (as finish_accumulated does): one atomic round trip, no partials to store and load again.
+__device__ void merge_finish_counted(const Ctx& cx, int h, const float* red) {
+  for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
+    unsigned long long* a = cx.merge_acc() + h * V_HEAD + d;
+    const unsigned long long now = acc_add_counted(a, merge_part_column(red, d));
+    if (acc_parts(now) == (unsigned long long)ABSORB_PARTS) {
+      *a = 0ull;
+      cx.attn_o()[h * V_HEAD + d] = bf16r(acc_value(now));
+    }
+  }
+  __syncthreads();   // red is read before the next unit writes it
+}
+
+// Unit (h, part) stores its partial of o[h]; the part that arrives last (arrival counter) sums them in part order.
+__device__ void merge_finish_parts(const Ctx& cx, int h, int part, const float* red, int* last) {
+  float* opart = cx.splitk();   // [ABSORB_PARTS][MLA_H][V_HEAD]
+  unsigned* count = cx.counters + CNT_MERGE;
+  for (int d = threadIdx.x; d < V_HEAD; d += THREADS) opart[((size_t)part * MLA_H + h) * V_HEAD + d] = merge_part_column(red, d);
+  __syncthreads();
+  if (threadIdx.x == 0) {   // publish as finish_unit does: block barrier, then the counter
+    const bool done = atomic_add_acq_rel(count + h, 1u) == ABSORB_PARTS - 1;
+    if (done) count[h] = 0u;
+    *last = done;
+  }
+  __syncthreads();
+  if (*last)
+    for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
+      float v = 0.0f;
+      for (int p = 0; p < ABSORB_PARTS; ++p) v += __ldcg(opart + ((size_t)p * MLA_H + h) * V_HEAD + d);
+      cx.attn_o()[h * V_HEAD + d] = bf16r(v);
+    }
+  __syncthreads();
+}
+
 // Merge the context splits of each head, then o[h] = ctx[h] W_uv (absorbs the value up-projection).
 // Units are (head, part of the latent columns): a unit merges its ctx slice over every split and
-// multiplies it by the matching W_uv rows; the last part of a head to finish (arrival counter) adds
-// the parts in a fixed order. One block per head used to read every split's whole context serially.
+// multiplies it by the matching W_uv rows, and its part of o[h] goes into counted fixed-point words (ACC_COUNT;
+// otherwise the last part of a head to finish adds the stored parts in a fixed order). One block per head
+// used to read every split's whole context serially.
 // A unit's latent pairs of every split are loaded with the splits' m and l, before the weights are known:
 // after them, 129 splits (8K, 16K) took two round trips for one thread in eight (16K: -1.3 µs, H100).
 __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
   constexpr int LPR = V_HEAD / 16, RPS = 32 / LPR, PAIRS = ABSORB_ROWS, PH = THREADS / PAIRS;
-  constexpr int ROW_WARPS = ABSORB_ROWS / RPS < WARPS ? ABSORB_ROWS / RPS : WARPS;
+  constexpr int ROW_WARPS = MERGE_ROW_WARPS;
   static_assert(THREADS % PAIRS == 0 && (ABSORB_ROWS % RPS) == 0, "merge thread split");
   float* wts = reinterpret_cast<float*>(sm.base);   // per split: weight exp(m_s - M), after its max
   float* msum = wts + ATTN_MAX_SPLITS;              // per split: sum-exp
@@ -1673,9 +1719,8 @@ __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = lane % LPR;
   const int nsplit = attn_splits(cx.ctx_len + 1);
   const QW& W = cx.L->proj[2];
-  float* opart = cx.splitk();   // [ABSORB_PARTS][MLA_H][V_HEAD]
-  unsigned* count = cx.counters + CNT_MERGE;
   constexpr int EARLY = 17;   // splits a thread loads at the unit's start: PH x 17 = 136 >= a 264-block grid's 132
+  static_assert(ABSORB_PARTS <= ACC_MAX_PARTS, "merge accumulator headroom");
   for (int u = blockIdx.x; u < MLA_H * ABSORB_PARTS; u += gridDim.x) {
     const int h = u / ABSORB_PARTS, part = u % ABSORB_PARTS;
     const int pair = threadIdx.x % PAIRS, ph = threadIdx.x / PAIRS;
@@ -1742,25 +1787,8 @@ __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
     if (warp < ROW_WARPS && lane < LPR)
       for (int i = 0; i < 16; ++i) red[warp * V_HEAD + seg * 16 + i] = acc[i];
     __syncthreads();
-    for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
-      float v = 0.0f;
-      for (int w = 0; w < ROW_WARPS; ++w) v += red[w * V_HEAD + d];
-      opart[((size_t)part * MLA_H + h) * V_HEAD + d] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {   // publish as finish_unit does: block barrier, then the counter
-      const bool done = atomic_add_acq_rel(count + h, 1u) == ABSORB_PARTS - 1;
-      if (done) count[h] = 0u;
-      *last = done;
-    }
-    __syncthreads();
-    if (*last)
-      for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
-        float v = 0.0f;
-        for (int p = 0; p < ABSORB_PARTS; ++p) v += __ldcg(opart + ((size_t)p * MLA_H + h) * V_HEAD + d);
-        cx.attn_o()[h * V_HEAD + d] = bf16r(v);
-      }
-    __syncthreads();
+    if (ACC_COUNT) merge_finish_counted(cx, h, red);
+    else merge_finish_parts(cx, h, part, red, last);
   }
 }
 
