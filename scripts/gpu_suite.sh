@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -221,16 +221,27 @@ for step in "$@"; do
       timeout 150 python3 run_agent.py bench "$k" --ctx 16384 --phases --json > "$OUT/attnlo_both.json" 2> "$OUT/attnlo_both.err"
       python3 scripts/bench_errors.py "$OUT/attnlo_seed.json" "$OUT/attnlo_both.json" 2>&1 | tee "$OUT/attnlo_errors.txt" ;;
     outl2)  # the output projection's first chunks into L2 only at the barrier before it, into the ring at its start
-            # (out-l2.patch, OUT_L2; 43rd session, prepared): the seed, the patch at 0 (control), 1 and 2 (also
-            # the projections' chunks), interleaved at 2K and 16K; the timelines at 2K of the seed and of OUT_L2 2
-            # (release skew in the critical block's release column); KIMI_TESTS=1: the Kimi GPU tests, patched
+            # (out-l2.patch, OUT_L2; 44th session: 0.967x, not kept): the seed, the patch at 0 (control), 1 and 2
+            # (also the projections' chunks), interleaved at 2K and 16K; the timelines at 2K of the seed and of
+            # OUT_L2 2; KIMI_TESTS=1: the Kimi GPU tests, patched. Against f251227's seed (PATCH_BASE=that file)
       knob_experiment traces/examples/kimi-out-issue/out-l2.patch outl2 OUT_L2=0 OUT_L2=1 OUT_L2=2 ;;
     mergeacc)  # the MLA merge's finish through counted fixed-point words and its W_uv row loaded at the unit's start
-               # (merge-acc.patch, MERGE_ACC and MERGE_W_EARLY; 43rd session, prepared): the seed, the patch at 0/0
-               # (control), each alone, both, interleaved at 2K and 16K; the timelines at 2K of the seed and of both
-               # (the merge span); KIMI_TESTS=1: the Kimi GPU tests, patched
+               # (merge-acc.patch, MERGE_ACC and MERGE_W_EARLY): the seed, the patch at 0/0 (control), each alone,
+               # both, interleaved at 2K and 16K; the timelines at 2K of the seed and of both (the merge span);
+               # KIMI_TESTS=1: the Kimi GPU tests, patched. Against f251227's seed (PATCH_BASE=that file); the seed
+               # has since taken MERGE_ACC 1 as its ACC_COUNT path (3138dc0)
       knob_experiment traces/examples/kimi-merge-acc/merge-acc.patch mergeacc MERGE_ACC=0,MERGE_W_EARLY=0 \
         MERGE_ACC=1,MERGE_W_EARLY=0 MERGE_ACC=0,MERGE_W_EARLY=1 MERGE_ACC=1,MERGE_W_EARLY=1 ;;
+    attnread)  # the attention's double read of the cache at 16K (attn-read-probe.patch, ATT_READ_PROBE; 44th
+               # session): barrier and event stamps at 8K and 16K of the seed and of the probe, whose head group 1
+               # units fetch no tiles (wrong results: timing only, no check)
+      k=$(patched traces/examples/kimi-attn-read/attn-read-probe.patch attn-read-probe) || { echo "patch failed"; continue; }
+      set_knobs "$k" ATT_READ_PROBE=1
+      for v in kernels/kimi_linear/seed.cu "$k"; do
+        t=$(basename "$v" .cu)
+        timeout 200 python3 scripts/kimi_phase_stamps.py "$v" --ctx 8192 16384 > "$OUT/attnread-stamps-$t.log" 2>&1
+        echo "== $t"; grep -E "phase timeline|L3 attention" "$OUT/attnread-stamps-$t.log" | head -12
+      done ;;
     mmaloop)  # issue 28 step 1: the int4 GEMV on tensor cores (mma-loop.patch, MMA_LOOP; 42nd session): the chunk
               # probe of both loops, the seed against MMA_LOOP 1 interleaved at 2K and 16K, the Kimi GPU tests and
               # upstream check.py with MMA_LOOP 1 as the seed's default (the seed restored after), its stamps at 2K
