@@ -15,7 +15,8 @@
 // counter) sums the partials in a fixed order and runs the tile's epilogue (RoPE, cache row). The
 // output and down projections add their partials into a fixed-point accumulator in L2 instead (integer
 // atomics), so their last arrival reads one total per column with the residual it adds it to (with ACC_COUNT
-// each word counts its adds, and the add that completes a column finishes it).
+// each word counts its adds, and the add that completes a column finishes it; the MLA merge's parts then add
+// the same way).
 // Two projections leave the sum to their consumer instead, which takes the finish of a tile off the
 // critical path: the KDA delta rule sums the q/k/v/g partials of its head (and applies the conv and
 // the decay), and a down unit waits until every K slice of the gate/up tiles its own K slice reads has
@@ -61,7 +62,7 @@
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 // @knob FOLD_SPLIT 1 {0,1} the two row halves of a GEMV lane pair swap their int32 column sums so each lane folds 8 of its 16 columns (0: each lane folds 16, then the halves add their floats)
 // @knob HI_BY_SUB 1 {0,1} the high nibbles' DP2A take the whole packed bytes, and the low nibbles' sums are subtracted once per slab (one LOP3 per weight word instead of two)
-// @knob ACC_COUNT 1 {0,1} the output and down projections' and the MLA merge's accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival; the merge's partials, an arrival counter per head and the last part's sum)
+// @knob ACC_COUNT 1 {0,1} the output and down projections' and the MLA merge's accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival; the merge's parts stored, an arrival counter per head and the last part's fp32 sum)
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -231,7 +232,8 @@ __device__ __forceinline__ void unpack8(uint4 v, float* out) {
   for (int i = 0; i < 4; ++i) { out[2 * i] = bf16_lo(w[i]); out[2 * i + 1] = bf16_hi(w[i]); }
 }
 
-// Split-K sums of the output and down projections add into a fixed-point accumulator in units of 2^-22:
+// Split-K sums of the output and down projections (and with ACC_COUNT the MLA merge's parts) add into a
+// fixed-point accumulator in units of 2^-22:
 // integer addition is associative, so the total does not depend on the order of arrival (the protocol
 // runs a step twice and wants the same bits), and the tile's last arrival reads one total per column
 // instead of every unit's partial. The resolution is absolute: a total carries up to 2^-23 of rounding per
@@ -253,8 +255,9 @@ __device__ __forceinline__ unsigned long long acc_units(float v) {
   return (unsigned long long)(fabsf(u) < ACC_LEGAL ? __float2ll_rn(u) : ACC_POISON);   // NaN fails the test too
 }
 __device__ __forceinline__ void acc_add(unsigned long long* a, float v) { atomicAdd(a, acc_units(v)); }
-// ACC_COUNT: add v and one arrival; returns the word as this add left it (a global atomic: the pointer comes
-// from the job table in shared memory, and a generic one carries a shared-window fallback)
+// ACC_COUNT: add v and one arrival; returns the word as this add left it (a global atomic: the output and
+// down projections' pointer comes from the job table in shared memory, and a generic one carries a
+// shared-window fallback)
 __device__ __forceinline__ unsigned long long acc_add_counted(unsigned long long* a, float v) {
   const unsigned long long d = acc_units(v) + ACC_COUNT_UNIT;
   unsigned long long old;
@@ -1664,7 +1667,8 @@ __device__ float merge_part_column(const float* red, int d) {
 }
 
 // ACC_COUNT: each part adds into o[h]'s counted fixed-point words; the add that completes a column's count
-// writes it (as finish_accumulated does): one atomic round trip, no partials to store and load again.
+// writes it (as finish_accumulated does): one atomic round trip, no partials to store and load again. No block
+// barrier closes it: a next unit of this block writes red only past four.
 __device__ void merge_finish_counted(const Ctx& cx, int h, const float* red) {
   for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
     unsigned long long* a = cx.merge_acc() + h * V_HEAD + d;
@@ -1674,7 +1678,6 @@ __device__ void merge_finish_counted(const Ctx& cx, int h, const float* red) {
       cx.attn_o()[h * V_HEAD + d] = bf16r(acc_value(now));
     }
   }
-  __syncthreads();   // red is read before the next unit writes it
 }
 
 // Unit (h, part) stores its partial of o[h]; the part that arrives last (arrival counter) sums them in part order.
@@ -1787,7 +1790,7 @@ __device__ __noinline__ void mla_merge_absorb_v(const Ctx cx, const Smem sm) {
     if (warp < ROW_WARPS && lane < LPR)
       for (int i = 0; i < 16; ++i) red[warp * V_HEAD + seg * 16 + i] = acc[i];
     __syncthreads();
-    if (ACC_COUNT) merge_finish_counted(cx, h, red);
+    if constexpr (ACC_COUNT) merge_finish_counted(cx, h, red);
     else merge_finish_parts(cx, h, part, red, last);
   }
 }
