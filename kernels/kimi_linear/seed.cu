@@ -1667,8 +1667,9 @@ __device__ float merge_part_column(const float* red, int d) {
 }
 
 // ACC_COUNT: each part adds into o[h]'s counted fixed-point words; the add that completes a column's count
-// writes it (as finish_accumulated does): one atomic round trip, no partials to store and load again. No block
-// barrier closes it: a next unit of this block writes red only past four.
+// writes it (as finish_accumulated does): one atomic round trip, no partials to store and load again. Its
+// closing block barrier is not needed (a next unit of this block writes red only past four); it stays because
+// the measured build had it (BENCHMARKS.md, forty-fourth session).
 __device__ void merge_finish_counted(const Ctx& cx, int h, const float* red) {
   for (int d = threadIdx.x; d < V_HEAD; d += THREADS) {
     unsigned long long* a = cx.merge_acc() + h * V_HEAD + d;
@@ -1678,6 +1679,7 @@ __device__ void merge_finish_counted(const Ctx& cx, int h, const float* red) {
       cx.attn_o()[h * V_HEAD + d] = bf16r(acc_value(now));
     }
   }
+  __syncthreads();
 }
 
 // Unit (h, part) stores its partial of o[h]; the part that arrives last (arrival counter) sums them in part order.
