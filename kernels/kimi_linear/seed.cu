@@ -1514,8 +1514,9 @@ __device__ void q_fragments(const Ctx& cx, int group, int ks, unsigned* a) {
 // path has them: as high + low bf16 pairs (two MMAs each, ~16 bits) the attention took 2.3 µs longer at
 // 16K, with the same output error against the fp32 reference (BENCHMARKS.md 2026-12-07); the scalar
 // FP32 version of this phase was arithmetic bound (172 µs at 16K). Writes per (split, head): running max
-// m, sum l, and the unnormalised context sum_l p_l c_kv[l]. Not inlined: in the kernel body its registers (q fragments, P.V accumulators)
-// competed with every other phase's, and the output and KDA projections ran ~1 µs slower each.
+// m, sum l, and the unnormalised context sum_l p_l c_kv[l]. Not inlined: in the kernel body its registers
+// (q fragments, P.V accumulators) competed with every other phase's, and the output and KDA projections ran
+// ~1 µs slower each.
 __device__ __noinline__ void mla_attention(const Ctx cx, const Smem sm) {
   constexpr int NPW = KV_LORA / 8 / WARPS;               // P*V n-tiles per warp
   constexpr int KSTEPS = Q_KSTEPS;
