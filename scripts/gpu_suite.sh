@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -232,6 +232,41 @@ for step in "$@"; do
                # has since taken MERGE_ACC 1 as its ACC_COUNT path (3138dc0)
       knob_experiment traces/examples/kimi-merge-acc/merge-acc.patch mergeacc MERGE_ACC=0,MERGE_W_EARLY=0 \
         MERGE_ACC=1,MERGE_W_EARLY=0 MERGE_ACC=0,MERGE_W_EARLY=1 MERGE_ACC=1,MERGE_W_EARLY=1 ;;
+    mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
+              # 45th session), in one call, most needed first: the seed, the patch at 0 (control) and at 1,
+              # interleaved at 2K and 16K; with the patch as the seed, the kernel's GPU tests and upstream check.py;
+              # the timeline at 2K of MLA_BARE 1; the errors at 16K (bench_errors.py) of the seed, MLA_BARE 1 (the
+              # same sums in the same order: the seed's errors expected) and f251227's seed (runs/seed-f251227.cu,
+              # carried: the merge's fp32 sum); last, the rest of the GPU suite with the patch (MLABARE_SUITE_S)
+      x=traces/examples/kimi-mla-bare/mla-bare.patch
+      COMPARE_S=${COMPARE_S:-170} NO_PHASES=1 knob_experiment $x mlabare MLA_BARE=0 MLA_BARE=1
+      k=$(patched $x mla-bare) || { echo "patch failed"; continue; }
+      git apply $x || { echo "patch failed"; continue; }
+      k3=(tests/test_gpu_kimi.py tests/test_gpu_phases.py tests/test_gpu_cheats.py)
+      timeout 200 python3 -m pytest -m gpu -q -rs "${k3[@]}" 2>&1 | tee "$OUT/mlabare_gpu_kimi.log" | tail -4
+      bash "$0" upstream 2>&1 | tail -3
+      git apply -R $x
+      timeout 70 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/mlabare_phases_bare1.log" |
+        grep -E "timeline|project|absorb|attention|merge|total"
+      e=()
+      for v in kernels/kimi_linear/seed.cu "$k" runs/seed-f251227.cu; do
+        [ -f "$v" ] || continue
+        t=$(basename "$(dirname "$v")")-$(basename "$v" .cu)
+        timeout 60 python3 run_agent.py bench "$v" --ctx 16384 --json > "$OUT/errors-$t.json" 2> "$OUT/errors-$t.err" &&
+          e+=("$OUT/errors-$t.json")
+      done
+      python3 scripts/bench_errors.py "${e[@]}" 2>&1 | tee "$OUT/mlabare_errors.txt"
+      git apply $x
+      timeout "${MLABARE_SUITE_S:-240}" python3 -m pytest -m gpu -q -rs tests "${k3[@]/#/--ignore=}" 2>&1 |
+        tee "$OUT/mlabare_gpu_rest.log" | tail -4
+      git apply -R $x ;;
+    chainstamps)  # the stamped timeline of a timed chain beside the isolated profile (scripts/kimi_chain_stamps.py;
+                  # 45th session): the seed and the seed with mla-bare.patch (MLA_BARE 1), at 2K, then at 16K
+      k=$(patched traces/examples/kimi-mla-bare/mla-bare.patch mla-bare) || { echo "patch failed"; continue; }
+      for c in 2048 16384; do
+        timeout 240 python3 scripts/kimi_chain_stamps.py kernels/kimi_linear/seed.cu "$k" --ctx $c 2>&1 |
+          tee "$OUT/chainstamps-$c.log" | tail -12
+      done ;;
     attnread)  # the attention's double read of the cache at 16K (attn-read-probe.patch, ATT_READ_PROBE; 44th
                # session): barrier and event stamps at 8K and 16K of the seed and of the probe, whose head group 1
                # units fetch no tiles (wrong results: timing only, no check)

@@ -1,0 +1,152 @@
+"""Phase stamps of a timed chain: a stamped Kimi build's steps run back to back, as the sandbox times them, beside
+the isolated profile that `bench --phases` prints.
+
+Why: the profile (sandbox/profile.py) runs each stamped step alone (a synchronize, the stamp rows zeroed and the
+cache rewound before it, every step at one context), while the timed figure is a chain of steps back to back,
+each at the next context, the state carried (sandbox/timing.py). Changes have moved the isolated timeline and not
+the chain (BENCHMARKS.md, forty-fifth session: the MLA projection 3.4 µs shorter, the stamped kernel 2.8 µs, the
+timed chain unchanged). Here the same -DPHASE_STAMPS=1 build also runs a chain of --steps steps after a warm-up
+chain; after each step the stream copies its stamp rows out (no synchronize in the chain). Per kernel it prints:
+  - both timelines (medians per phase), isolated and chained;
+  - the stamped kernel (first block's start to last block's end) per chained step, and the boundary from a step's
+    last block to the next step's first block: a chained step costs kernel + boundary;
+  - the chain's µs/token by CUDA events with the copies and without them (what the copies themselves cost).
+Usage: python scripts/kimi_chain_stamps.py [KERNEL.cu ...] [--ctx 2048] [--steps 20] [--warmup 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.phases import (  # noqa: E402
+    MAX_STAMP_BLOCKS,
+    N_EVENTS,
+    STAMPED_BUILD,
+    check_stamps,
+    phase_timeline,
+    stamp_area,
+    step_phases,
+)
+from megakernel_agent.sandbox.profile import PROFILE_STEPS, profile_phases  # noqa: E402
+from megakernel_agent.sandbox.report import phase_table  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
+from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
+from megakernel_agent.traces.results import PhaseTimeline  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A chain's stamped steps: its timeline (medians per phase), each step's stamped kernel and the boundary
+    from each step's end to the next step's start, µs."""
+
+    timeline: PhaseTimeline
+    kernels_us: list[float]
+    boundaries_us: list[float]
+
+
+def chained_timeline(rows: torch.Tensor, ctx: int, names: list[str], nbytes: list[int]) -> Chain:
+    """The timeline of a chain from its steps' stamp rows ([steps][2 * phases][blocks], ns as the kernel wrote
+    them: row 0 a block's start, then each barrier's arrival and release, the last row its end)."""
+    steps, nrows, blocks = rows.shape
+    phases = len(names)
+    if nrows != 2 * phases or steps < 2:
+        raise ValueError(f"{steps} steps of {nrows} stamp rows for {phases} phases: need 2 rows a phase, 2+ steps")
+    no_events = torch.zeros((phases, N_EVENTS, blocks), dtype=torch.int64)
+    runs = []
+    for s in range(steps):
+        check_stamps(rows[s], blocks, phases)
+        runs.append(step_phases(rows[s], no_events, blocks, phases))
+    starts, ends = rows[:, 0].min(dim=1).values, rows[:, -1].max(dim=1).values
+    return Chain(timeline=phase_timeline(ctx, names, nbytes, blocks, runs),
+                 kernels_us=((ends - starts).double() / 1000.0).tolist(),
+                 boundaries_us=((starts[1:] - ends[:-1]).double() / 1000.0).tolist())
+
+
+def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: int, blocks: int,
+              copy_stamps: bool) -> tuple[float, torch.Tensor | None]:
+    """(µs per step by CUDA events, the steps' stamp rows or None) of a chain as the sandbox times one: a
+    throwaway warm-up chain, then `steps` steps from a fresh state at `ctx`, a fresh token each, back to back."""
+    phases = len(task.phase_names())
+    stream = torch.cuda.current_stream()
+    warm_hidden, warm_state = task.make_inputs(seed + steps, ctx, stream.device)
+    tokens = [warm_hidden] + [task.make_token(seed + steps + i, stream.device) for i in range(1, warmup)]
+    for token in tokens:
+        _, warm_state = model.step(token, warm_state)
+    hidden, state = task.make_inputs(seed, ctx, stream.device)
+    tokens = [hidden] + [task.make_token(seed + i, stream.device) for i in range(1, steps)]
+    stamps, _ = stamp_area(task.scratch(model))
+    live = stamps[: 2 * phases, :blocks]
+    saved = torch.empty((steps, 2 * phases, blocks), dtype=torch.int64, device=stamps.device) if copy_stamps else None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record(stream)
+    for i, token in enumerate(tokens):
+        _, state = model.step(token, state)
+        if saved is not None:
+            saved[i].copy_(live, non_blocking=True)
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / steps, None if saved is None else saved.cpu()
+
+
+def summary_table(results: dict[str, tuple[PhaseTimeline, Chain, float, float]]) -> Table:
+    """Per kernel: the isolated and chained stamped kernels, the boundary, and the chain's event time."""
+    t = Table(title="isolated profile vs chained steps, µs (medians; chained kernel + boundary ~ a chained step)")
+    for col in ("kernel", "isolated kernel", "chained kernel", "boundary", "chained kernel + boundary",
+                "chain µs/token (copies)", "chain µs/token (no copies)"):
+        t.add_column(col, justify="right")
+    for name, (iso, chain, with_copies, plain) in results.items():
+        k, b = statistics.median(chain.kernels_us), statistics.median(chain.boundaries_us)
+        t.add_row(name, f"{iso.kernel_us:.1f}", f"{k:.1f}", f"{b:.2f}", f"{k + b:.1f}", f"{with_copies:.1f}",
+                  f"{plain:.1f}")
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kernels", nargs="*", default=[])
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    dev = torch.device("cuda:0")
+    task = KimiTask("full")
+    reference = task.build_reference(dev, 0)
+    names, nbytes = task.phase_names(), task.phase_bytes(args.ctx)
+    console = Console(width=200)
+    results = {}
+    for path in args.kernels or [task.spec.seed_kernel]:
+        source = (ROOT / path).read_text()
+        knobs = {k: str(v) for k, v in Candidate(source=source).resolved_knobs().items()}
+        grid = torch.cuda.get_device_properties(dev).multi_processor_count * int(knobs.get("BLOCKS_PER_SM", 1))
+        model = task.build_candidate(reference, build_megakernel(source, task.cfg, {**knobs, **STAMPED_BUILD}))
+        isolated = profile_phases(task, model, args.ctx, grid, dev, PROFILE_STEPS)
+        blocks = min(grid, MAX_STAMP_BLOCKS)
+        chain_args = (task, model, args.ctx, args.steps, args.warmup, args.seed, blocks)
+        plain, _ = run_chain(*chain_args, copy_stamps=False)
+        with_copies, rows = run_chain(*chain_args, copy_stamps=True)
+        chain = chained_timeline(rows, args.ctx, names, nbytes)
+        results[path] = (isolated, chain, with_copies, plain)
+        console.print(f"[bold]{path}[/bold]: isolated steps (bench --phases), then the chain's")
+        console.print(phase_table(isolated))
+        console.print(phase_table(chain.timeline))
+        console.print("chained kernels µs: " + " ".join(f"{k:.1f}" for k in chain.kernels_us))
+        console.print("boundaries µs: " + " ".join(f"{b:.2f}" for b in chain.boundaries_us))
+    console.print(summary_table(results))
+
+
+if __name__ == "__main__":
+    main()
