@@ -9,7 +9,8 @@ timed chain unchanged). Here the same -DPHASE_STAMPS=1 build also runs a chain o
 chain; after each step the stream copies its stamp rows out (no synchronize in the chain). Per kernel it prints:
   - both timelines (medians per phase), isolated and chained;
   - the stamped kernel (first block's start to last block's end) per chained step, and the boundary from a step's
-    last block to the next step's first block: a chained step costs kernel + boundary;
+    last block to the next step's first block; the boundary holds the copy, so it is also shown less the copies'
+    cost to the chain;
   - the chain's µs/token by CUDA events with the copies and without them (what the copies themselves cost).
 Usage: python scripts/kimi_chain_stamps.py [KERNEL.cu ...] [--ctx 2048] [--steps 20] [--warmup 5]
 """
@@ -34,6 +35,7 @@ from megakernel_agent.sandbox.phases import (  # noqa: E402
     MAX_STAMP_BLOCKS,
     N_EVENTS,
     STAMPED_BUILD,
+    PhaseStampError,
     check_stamps,
     phase_timeline,
     stamp_area,
@@ -69,26 +71,31 @@ def chained_timeline(rows: torch.Tensor, ctx: int, names: list[str], nbytes: lis
         check_stamps(rows[s], blocks, phases)
         runs.append(step_phases(rows[s], no_events, blocks, phases))
     starts, ends = rows[:, 0].min(dim=1).values, rows[:, -1].max(dim=1).values
+    stale = (rows[1:, 0] <= ends[:-1, None]).any(dim=1).nonzero().flatten()
+    if len(stale):   # rows are never zeroed in the chain: a block that did not stamp leaves the last step's
+        raise PhaseStampError(f"step {int(stale[0]) + 1} has start stamps from before step {int(stale[0])}'s "
+                              f"end: a block did not stamp it (stale rows)")
     return Chain(timeline=phase_timeline(ctx, names, nbytes, blocks, runs),
                  kernels_us=((ends - starts).double() / 1000.0).tolist(),
                  boundaries_us=((starts[1:] - ends[:-1]).double() / 1000.0).tolist())
 
 
-def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: int, blocks: int,
+def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: int, blocks: int, phases: int,
               copy_stamps: bool) -> tuple[float, torch.Tensor | None]:
     """(µs per step by CUDA events, the steps' stamp rows or None) of a chain as the sandbox times one: a
     throwaway warm-up chain, then `steps` steps from a fresh state at `ctx`, a fresh token each, back to back."""
-    phases = len(task.phase_names())
     stream = torch.cuda.current_stream()
     warm_hidden, warm_state = task.make_inputs(seed + steps, ctx, stream.device)
     tokens = [warm_hidden] + [task.make_token(seed + steps + i, stream.device) for i in range(1, warmup)]
     for token in tokens:
         _, warm_state = model.step(token, warm_state)
     hidden, state = task.make_inputs(seed, ctx, stream.device)
+    model.poison(state)   # as time_candidate: the cache is adopted (copied) before the timed window
     tokens = [hidden] + [task.make_token(seed + i, stream.device) for i in range(1, steps)]
     stamps, _ = stamp_area(task.scratch(model))
     live = stamps[: 2 * phases, :blocks]
     saved = torch.empty((steps, 2 * phases, blocks), dtype=torch.int64, device=stamps.device) if copy_stamps else None
+    live.zero_()   # a block that does not stamp step 0 shows (later steps: the stale-row check)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record(stream)
@@ -103,14 +110,15 @@ def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: in
 
 def summary_table(results: dict[str, tuple[PhaseTimeline, Chain, float, float]]) -> Table:
     """Per kernel: the isolated and chained stamped kernels, the boundary, and the chain's event time."""
-    t = Table(title="isolated profile vs chained steps, µs (medians; chained kernel + boundary ~ a chained step)")
-    for col in ("kernel", "isolated kernel", "chained kernel", "boundary", "chained kernel + boundary",
+    t = Table(title="isolated profile vs chained steps, µs (medians). A boundary holds the stamp rows' copy: "
+                    "less the copy, it is the boundary minus what the copies add to the chain")
+    for col in ("kernel", "isolated kernel", "chained kernel", "boundary", "boundary less the copy",
                 "chain µs/token (copies)", "chain µs/token (no copies)"):
         t.add_column(col, justify="right")
     for name, (iso, chain, with_copies, plain) in results.items():
         k, b = statistics.median(chain.kernels_us), statistics.median(chain.boundaries_us)
-        t.add_row(name, f"{iso.kernel_us:.1f}", f"{k:.1f}", f"{b:.2f}", f"{k + b:.1f}", f"{with_copies:.1f}",
-                  f"{plain:.1f}")
+        t.add_row(name, f"{iso.kernel_us:.1f}", f"{k:.1f}", f"{b:.2f}", f"{b - (with_copies - plain):.2f}",
+                  f"{with_copies:.1f}", f"{plain:.1f}")
     return t
 
 
@@ -125,7 +133,6 @@ def main() -> None:
     dev = torch.device("cuda:0")
     task = KimiTask("full")
     reference = task.build_reference(dev, 0)
-    names, nbytes = task.phase_names(), task.phase_bytes(args.ctx)
     console = Console(width=200)
     results = {}
     for path in args.kernels or [task.spec.seed_kernel]:
@@ -134,8 +141,9 @@ def main() -> None:
         grid = torch.cuda.get_device_properties(dev).multi_processor_count * int(knobs.get("BLOCKS_PER_SM", 1))
         model = task.build_candidate(reference, build_megakernel(source, task.cfg, {**knobs, **STAMPED_BUILD}))
         isolated = profile_phases(task, model, args.ctx, grid, dev, PROFILE_STEPS)
+        names, nbytes = [r.name for r in isolated.rows], [r.bytes for r in isolated.rows]   # the kernel's own phases
         blocks = min(grid, MAX_STAMP_BLOCKS)
-        chain_args = (task, model, args.ctx, args.steps, args.warmup, args.seed, blocks)
+        chain_args = (task, model, args.ctx, args.steps, args.warmup, args.seed, blocks, len(names))
         plain, _ = run_chain(*chain_args, copy_stamps=False)
         with_copies, rows = run_chain(*chain_args, copy_stamps=True)
         chain = chained_timeline(rows, args.ctx, names, nbytes)

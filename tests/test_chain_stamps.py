@@ -50,3 +50,10 @@ def test_a_block_that_did_not_stamp_is_refused():
     r[1, 0, 2] = 0   # block 2 of the second step has no start stamp
     with pytest.raises(PhaseStampError, match="no start stamp"):
         chain_stamps.chained_timeline(r, 2048, ["first", "second"], [1000, 2000])
+
+
+def test_rows_a_block_left_from_the_step_before_are_refused():
+    r = rows(3)
+    r[2, :, 1] = r[1, :, 1]   # block 1 did not stamp the third step: its rows are still the second's
+    with pytest.raises(PhaseStampError, match="stale"):
+        chain_stamps.chained_timeline(r, 2048, ["first", "second"], [1000, 2000])
