@@ -117,8 +117,9 @@ def step_phases(stamps: torch.Tensor, events: torch.Tensor, blocks: int, phases:
 
 
 def phase_timeline(ctx: int, names: list[str], nbytes: list[int], blocks: int,
-                   steps: list[list[StepPhase]]) -> PhaseTimeline:
-    """Each phase's medians over the steps, with its bytes and the TB/s they make over its span."""
+                   steps: list[list[StepPhase]], chained: bool = False) -> PhaseTimeline:
+    """Each phase's medians over the steps, with its bytes and the TB/s they make over its span; `chained`: the
+    steps ran back to back (else each alone)."""
     if not steps or len(nbytes) != len(names) or any(len(s) != len(names) for s in steps):
         raise ValueError(f"{len(steps)} steps of {[len(s) for s in steps]} phases for {len(names)} names and "
                          f"{len(nbytes)} byte counts")
@@ -133,7 +134,7 @@ def phase_timeline(ctx: int, names: list[str], nbytes: list[int], blocks: int,
             events=_medians([r.events for r in runs], EVENT_NAMES),
             critical=_medians([r.critical for r in runs], CRITICAL_KEYS)))
     return PhaseTimeline(ctx=ctx, steps=len(steps), blocks=blocks, rows=rows,
-                         kernel_us=sum(r.span_us + r.wait_us for r in rows))
+                         kernel_us=sum(r.span_us + r.wait_us for r in rows), chained=chained)
 
 
 def _medians(values: list[dict[str, float]], keys: tuple[str, ...]) -> dict[str, float]:

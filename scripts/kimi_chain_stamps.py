@@ -75,7 +75,7 @@ def chained_timeline(rows: torch.Tensor, ctx: int, names: list[str], nbytes: lis
     if len(stale):   # rows are never zeroed in the chain: a block that did not stamp leaves the last step's
         raise PhaseStampError(f"step {int(stale[0]) + 1} has start stamps from before step {int(stale[0])}'s "
                               f"end: a block did not stamp it (stale rows)")
-    return Chain(timeline=phase_timeline(ctx, names, nbytes, blocks, runs),
+    return Chain(timeline=phase_timeline(ctx, names, nbytes, blocks, runs, chained=True),
                  kernels_us=((ends - starts).double() / 1000.0).tolist(),
                  boundaries_us=((starts[1:] - ends[:-1]).double() / 1000.0).tolist())
 

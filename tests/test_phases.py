@@ -8,6 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from megakernel_agent.agent.session_tools import timeline_text
 from megakernel_agent.sandbox.phases import (
     EVENT_NAMES,
     EVENT_WORDS,
@@ -23,11 +24,12 @@ from megakernel_agent.sandbox.phases import (
     step_phases,
 )
 from megakernel_agent.sandbox.profile import profile_phases
-from megakernel_agent.sandbox.report import print_eval
+from megakernel_agent.sandbox.report import phase_table, print_eval
 from megakernel_agent.tasks.kimi_linear.bytes_model import phase_bytes
 from megakernel_agent.tasks.kimi_linear.config import FULL, SMALL
 from megakernel_agent.tasks.kimi_linear.task import KimiTask
 from megakernel_agent.tasks.w4a16_gemv.task import GemvTask
+from megakernel_agent.traces.results import PhaseTimeline
 
 from .trace_fixtures import phase_timeline as timeline_of_spans
 from .trace_fixtures import result
@@ -109,6 +111,22 @@ def test_a_timeline_takes_medians_over_steps_and_rates_bytes_over_spans():
     assert (tl.ctx, tl.steps, tl.blocks, tl.kernel_us) == (2048, 3, 264, 11.0 + 2.0 + 22.0)
     with pytest.raises(ValueError, match="names"):
         phase_timeline(2048, ["a"], [1], blocks=264, steps=steps)
+
+
+def test_a_timeline_says_whether_its_steps_ran_alone_or_chained():
+    steps = [[StepPhase(10.0, 5.0, 0.0, {}, {"released": 0.0, "arrived": 10.0})]] * 2
+    alone = phase_timeline(2048, ["a"], [1], blocks=264, steps=steps)
+    chained = phase_timeline(2048, ["a"], [1], blocks=264, steps=steps, chained=True)
+    assert (alone.steps_kind, chained.steps_kind) == ("isolated", "chained")
+    old = alone.model_dump()
+    del old["chained"]   # a trace written before the field: its profiles ran each step alone
+    assert PhaseTimeline.model_validate(old).steps_kind == "isolated"
+    text = timeline_text(alone)
+    assert "over 2 isolated steps" in text and "timed chain can differ" in text
+    assert "over 2 chained steps (264 blocks)\n" in timeline_text(chained)
+    console = Console(record=True, width=200)
+    console.print(phase_table(chained))
+    assert "medians of 2 chained steps" in console.export_text()
 
 
 @pytest.mark.parametrize("size", ["full", "small"])

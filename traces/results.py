@@ -161,6 +161,14 @@ class PhaseTimeline(BaseModel):
     blocks: int = Field(description="blocks whose stamps were read")
     rows: list[PhaseRow]
     kernel_us: float = Field(description="sum of the spans and waits: the kernel's first start to its last end")
+    chained: bool = Field(False, description="the steps ran back to back, as a timed chain runs them; false: each "
+                                             "alone, after a synchronize (sandbox/profile.py), which can differ "
+                                             "from the timed chain by a few µs per step")
+
+    @property
+    def steps_kind(self) -> str:
+        """How the steps ran: 'chained' (back to back, as timed) or 'isolated' (each alone)."""
+        return "chained" if self.chained else "isolated"
 
 
 class EvalResult(BaseModel):
