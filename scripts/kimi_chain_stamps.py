@@ -43,6 +43,7 @@ from megakernel_agent.sandbox.phases import (  # noqa: E402
 )
 from megakernel_agent.sandbox.profile import PROFILE_STEPS, profile_phases  # noqa: E402
 from megakernel_agent.sandbox.report import phase_table  # noqa: E402
+from megakernel_agent.sandbox.timing import _chain, _run  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 from megakernel_agent.traces.results import PhaseTimeline  # noqa: E402
@@ -85,13 +86,9 @@ def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: in
     """(µs per step by CUDA events, the steps' stamp rows or None) of a chain as the sandbox times one: a
     throwaway warm-up chain, then `steps` steps from a fresh state at `ctx`, a fresh token each, back to back."""
     stream = torch.cuda.current_stream()
-    warm_hidden, warm_state = task.make_inputs(seed + steps, ctx, stream.device)
-    tokens = [warm_hidden] + [task.make_token(seed + steps + i, stream.device) for i in range(1, warmup)]
-    for token in tokens:
-        _, warm_state = model.step(token, warm_state)
-    hidden, state = task.make_inputs(seed, ctx, stream.device)
+    _run(model, *_chain(task, seed + steps, ctx, warmup, stream.device))
+    tokens, state = _chain(task, seed, ctx, steps, stream.device)
     model.poison(state)   # as time_candidate: the cache is adopted (copied) before the timed window
-    tokens = [hidden] + [task.make_token(seed + i, stream.device) for i in range(1, steps)]
     stamps, _ = stamp_area(task.scratch(model))
     live = stamps[: 2 * phases, :blocks]
     saved = torch.empty((steps, 2 * phases, blocks), dtype=torch.int64, device=stamps.device) if copy_stamps else None
