@@ -12,7 +12,10 @@ chain; after each step the stream copies its stamp rows out (no synchronize in t
     last block to the next step's first block; the boundary holds the copy, so it is also shown less the copies'
     cost to the chain;
   - the chain's µs/token by CUDA events with the copies and without them (what the copies themselves cost).
-Usage: python scripts/kimi_chain_stamps.py [KERNEL.cu ...] [--ctx 2048] [--steps 20] [--warmup 5]
+With --rounds N it then times chains of each kernel's plain build (no stamps, what the sandbox times) and its
+stamped build, interleaved over N rounds, and sets each against the first kernel's same build: a difference
+between kernels that the stamped builds show and the plain builds do not is the stamps' own doing.
+Usage: python scripts/kimi_chain_stamps.py [KERNEL.cu ...] [--ctx 2048] [--steps 20] [--warmup 5] [--rounds 0]
 """
 
 from __future__ import annotations
@@ -81,18 +84,22 @@ def chained_timeline(rows: torch.Tensor, ctx: int, names: list[str], nbytes: lis
                  boundaries_us=((starts[1:] - ends[:-1]).double() / 1000.0).tolist())
 
 
-def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: int, blocks: int, phases: int,
-              copy_stamps: bool) -> tuple[float, torch.Tensor | None]:
+def run_chain(task: KimiTask, model, ctx: int, steps: int, warmup: int, seed: int,
+              copy_rows: tuple[int, int] | None = None) -> tuple[float, torch.Tensor | None]:
     """(µs per step by CUDA events, the steps' stamp rows or None) of a chain as the sandbox times one: a
-    throwaway warm-up chain, then `steps` steps from a fresh state at `ctx`, a fresh token each, back to back."""
+    throwaway warm-up chain, then `steps` steps from a fresh state at `ctx`, a fresh token each, back to back.
+    With copy_rows (blocks, phases) each step's stamp rows are copied out on the stream after it."""
     stream = torch.cuda.current_stream()
     _run(model, *_chain(task, seed + steps, ctx, warmup, stream.device))
     tokens, state = _chain(task, seed, ctx, steps, stream.device)
     model.poison(state)   # as time_candidate: the cache is adopted (copied) before the timed window
-    stamps, _ = stamp_area(task.scratch(model))
-    live = stamps[: 2 * phases, :blocks]
-    saved = torch.empty((steps, 2 * phases, blocks), dtype=torch.int64, device=stamps.device) if copy_stamps else None
-    live.zero_()   # a block that does not stamp step 0 shows (later steps: the stale-row check)
+    live = saved = None
+    if copy_rows is not None:
+        blocks, phases = copy_rows
+        stamps, _ = stamp_area(task.scratch(model))
+        live = stamps[: 2 * phases, :blocks]
+        saved = torch.empty((steps, 2 * phases, blocks), dtype=torch.int64, device=stamps.device)
+        live.zero_()   # a block that does not stamp step 0 shows (later steps: the stale-row check)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record(stream)
@@ -119,6 +126,35 @@ def summary_table(results: dict[str, tuple[PhaseTimeline, Chain, float, float]])
     return t
 
 
+def build_rounds(task: KimiTask, models: dict[str, dict[str, object]], args) -> dict[str, dict[str, list[float]]]:
+    """µs/token of plain chains (no stamp-row copies) per kernel and build, over `args.rounds` interleaved rounds:
+    each round runs every kernel's every build on the round's own inputs, the kernels' order rotated."""
+    paths = list(models)
+    times = {path: {build: [] for build in models[path]} for path in paths}
+    for r in range(args.rounds):
+        for path in paths[r % len(paths):] + paths[: r % len(paths)]:
+            builds = list(models[path].items())
+            for build, model in builds if r % 2 == 0 else builds[::-1]:
+                us, _ = run_chain(task, model, args.ctx, args.steps, args.warmup, args.seed + 1000 * r)
+                times[path][build].append(us)
+    return times
+
+
+def build_table(times: dict[str, dict[str, list[float]]]) -> Table:
+    """Per kernel and build: the chain's µs/token (median, min-max) and the median of its per-round difference from
+    the first kernel's same build; a stamped build is a faithful proxy only where its difference is the plain one's."""
+    first = next(iter(times))
+    t = Table(title="plain vs stamped builds, chained µs/token over interleaved rounds (no stamp-row copies)")
+    for col in ("kernel", "build", "median", "min-max", "vs first kernel (median of rounds)"):
+        t.add_column(col, justify="right")
+    for path, builds in times.items():
+        for build, us in builds.items():
+            diff = statistics.median(a - b for a, b in zip(us, times[first][build], strict=True))
+            t.add_row(path, build, f"{statistics.median(us):.1f}", f"{min(us):.1f}-{max(us):.1f}",
+                      "" if path == first else f"{diff:+.2f}")
+    return t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kernels", nargs="*", default=[])
@@ -126,23 +162,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="then time plain and stamped builds of every kernel over this many interleaved rounds")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     task = KimiTask("full")
     reference = task.build_reference(dev, 0)
     console = Console(width=200)
-    results = {}
+    results, models = {}, {}
     for path in args.kernels or [task.spec.seed_kernel]:
         source = (ROOT / path).read_text()
         knobs = {k: str(v) for k, v in Candidate(source=source).resolved_knobs().items()}
         grid = torch.cuda.get_device_properties(dev).multi_processor_count * int(knobs.get("BLOCKS_PER_SM", 1))
         model = task.build_candidate(reference, build_megakernel(source, task.cfg, {**knobs, **STAMPED_BUILD}))
+        models[path] = {"stamped": model}
+        if args.rounds:
+            models[path]["plain"] = task.build_candidate(reference, build_megakernel(source, task.cfg, knobs))
         isolated = profile_phases(task, model, args.ctx, grid, dev, PROFILE_STEPS)
         names, nbytes = [r.name for r in isolated.rows], [r.bytes for r in isolated.rows]   # the kernel's own phases
-        blocks = min(grid, MAX_STAMP_BLOCKS)
-        chain_args = (task, model, args.ctx, args.steps, args.warmup, args.seed, blocks, len(names))
-        plain, _ = run_chain(*chain_args, copy_stamps=False)
-        with_copies, rows = run_chain(*chain_args, copy_stamps=True)
+        chain_args = (task, model, args.ctx, args.steps, args.warmup, args.seed)
+        plain, _ = run_chain(*chain_args)
+        with_copies, rows = run_chain(*chain_args, copy_rows=(min(grid, MAX_STAMP_BLOCKS), len(names)))
         chain = chained_timeline(rows, args.ctx, names, nbytes)
         results[path] = (isolated, chain, with_copies, plain)
         console.print(f"[bold]{path}[/bold]: isolated steps (bench --phases), then the chain's")
@@ -151,6 +191,8 @@ def main() -> None:
         console.print("chained kernels µs: " + " ".join(f"{k:.1f}" for k in chain.kernels_us))
         console.print("boundaries µs: " + " ".join(f"{b:.2f}" for b in chain.boundaries_us))
     console.print(summary_table(results))
+    if args.rounds:
+        console.print(build_table(build_rounds(task, models, args)))
 
 
 if __name__ == "__main__":

@@ -57,3 +57,15 @@ def test_rows_a_block_left_from_the_step_before_are_refused():
     r[2, :, 1] = r[1, :, 1]   # block 1 did not stamp the third step: its rows are still the second's
     with pytest.raises(PhaseStampError, match="stale"):
         chain_stamps.chained_timeline(r, 2048, ["first", "second"], [1000, 2000])
+
+
+def test_build_table_sets_each_build_against_the_first_kernels_same_build_round_by_round():
+    times = {"seed": {"stamped": [200.0, 190.0, 195.0], "plain": [192.0, 194.0, 193.0]},
+             "patch": {"stamped": [198.0, 188.0, 193.5], "plain": [192.5, 194.0, 193.0]}}
+    table = chain_stamps.build_table(times)
+    cells = [list(col.cells) for col in table.columns]
+    rows_ = list(zip(*cells, strict=True))
+    assert rows_[0][:3] == ("seed", "stamped", "195.0") and rows_[0][4] == ""
+    assert rows_[2][:2] == ("patch", "stamped") and rows_[2][4] == "-2.00"   # rounds: -2, -2, -1.5
+    assert rows_[3][:2] == ("patch", "plain") and rows_[3][4] == "+0.00"     # rounds: +0.5, 0, 0
+    assert rows_[3][3] == "192.5-194.0"
