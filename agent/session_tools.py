@@ -259,9 +259,11 @@ class SessionTools:
 
 
 def timeline_text(t) -> str:
-    """A phase timeline as a fixed-width table (what the profile tool shows)."""
-    lines = [f"ctx {t.ctx}: kernel {t.kernel_us:.1f} µs over {t.steps} {t.steps_kind} steps ({t.blocks} blocks)"
-             + ("" if t.chained else "; each step ran alone, and the timed chain can differ by a few µs per step"),
+    """A phase timeline as a fixed-width table (what the profile tool shows), with what a stamped build can and
+    cannot tell (BENCHMARKS.md, forty-sixth session: the stamps' cost differs between kernels by 1-3 µs)."""
+    lines = [f"ctx {t.ctx}: kernel {t.kernel_us:.1f} µs over {t.steps} {t.steps_kind} steps ({t.blocks} blocks)",
+             "a stamped build: the stamps cost ~2 µs per step, unevenly between kernels, so two profiles that "
+             "differ by less than ~3 µs prove nothing; the timed compare decides",
              f"{'phase':22s} {'span µs':>8s} {'mean µs':>8s} {'wait µs':>8s} {'MB':>7s} {'TB/s':>6s}"]
     for r in t.rows:
         lines.append(f"{r.name:22s} {r.span_us:8.1f} {r.mean_us:8.1f} {r.wait_us:8.1f} {r.bytes / 1e6:7.2f} "

@@ -122,7 +122,7 @@ def test_a_timeline_says_whether_its_steps_ran_alone_or_chained():
     del old["chained"]   # a trace written before the field: its profiles ran each step alone
     assert PhaseTimeline.model_validate(old).steps_kind == "isolated"
     text = timeline_text(alone)
-    assert "over 2 isolated steps" in text and "timed chain can differ" in text
+    assert "over 2 isolated steps" in text and "the timed compare decides" in text
     assert "over 2 chained steps (264 blocks)\n" in timeline_text(chained)
     console = Console(record=True, width=200)
     console.print(phase_table(chained))
