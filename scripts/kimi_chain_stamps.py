@@ -119,15 +119,15 @@ def summary_table(results: dict[str, tuple[PhaseTimeline, Chain, float, float]])
     for col in ("kernel", "isolated kernel", "chained kernel", "boundary", "boundary less the copy",
                 "chain µs/token (copies)", "chain µs/token (no copies)"):
         t.add_column(col, justify="right")
-    for name, (iso, chain, with_copies, plain) in results.items():
+    for name, (iso, chain, with_copies, no_copies) in results.items():
         k, b = statistics.median(chain.kernels_us), statistics.median(chain.boundaries_us)
-        t.add_row(name, f"{iso.kernel_us:.1f}", f"{k:.1f}", f"{b:.2f}", f"{b - (with_copies - plain):.2f}",
-                  f"{with_copies:.1f}", f"{plain:.1f}")
+        t.add_row(name, f"{iso.kernel_us:.1f}", f"{k:.1f}", f"{b:.2f}", f"{b - (with_copies - no_copies):.2f}",
+                  f"{with_copies:.1f}", f"{no_copies:.1f}")
     return t
 
 
 def build_rounds(task: KimiTask, models: dict[str, dict[str, object]], args) -> dict[str, dict[str, list[float]]]:
-    """µs/token of plain chains (no stamp-row copies) per kernel and build, over `args.rounds` interleaved rounds:
+    """µs/token of chains without stamp-row copies, per kernel and build, over `args.rounds` interleaved rounds:
     each round runs every kernel's every build on the round's own inputs, the kernels' order rotated."""
     paths = list(models)
     times = {path: {build: [] for build in models[path]} for path in paths}
@@ -181,10 +181,10 @@ def main() -> None:
         isolated = profile_phases(task, model, args.ctx, grid, dev, PROFILE_STEPS)
         names, nbytes = [r.name for r in isolated.rows], [r.bytes for r in isolated.rows]   # the kernel's own phases
         chain_args = (task, model, args.ctx, args.steps, args.warmup, args.seed)
-        plain, _ = run_chain(*chain_args)
+        no_copies, _ = run_chain(*chain_args)
         with_copies, rows = run_chain(*chain_args, copy_rows=(min(grid, MAX_STAMP_BLOCKS), len(names)))
         chain = chained_timeline(rows, args.ctx, names, nbytes)
-        results[path] = (isolated, chain, with_copies, plain)
+        results[path] = (isolated, chain, with_copies, no_copies)
         console.print(f"[bold]{path}[/bold]: isolated steps (bench --phases), then the chain's")
         console.print(phase_table(isolated))
         console.print(phase_table(chain.timeline))
