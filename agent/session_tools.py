@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from megakernel_agent.sandbox.candidate import Candidate
 from megakernel_agent.tasks.base import ModelledStep, ScheduleModelError
-from megakernel_agent.traces.results import EvalResult, PhaseTimeline
+from megakernel_agent.traces.results import STAMP_COST, EvalResult, PhaseTimeline
 from megakernel_agent.traces.schema import Evaluate, Note, ToolCall
 
 from . import source_view
@@ -260,10 +260,10 @@ class SessionTools:
 
 def timeline_text(t) -> str:
     """A phase timeline as a fixed-width table (what the profile tool shows), with what a stamped build can and
-    cannot tell (BENCHMARKS.md, forty-sixth session: the stamps' cost differs between kernels by 1-3 µs)."""
+    cannot tell."""
     lines = [f"ctx {t.ctx}: kernel {t.kernel_us:.1f} µs over {t.steps} {t.steps_kind} steps ({t.blocks} blocks)",
-             "a stamped build: the stamps cost ~2 µs per step, unevenly between kernels, so two profiles that "
-             "differ by less than ~3 µs prove nothing; the timed compare decides",
+             f"a stamped build: {STAMP_COST}, so two profiles that differ by less than ~3 µs prove nothing; the "
+             "timed compare decides",
              f"{'phase':22s} {'span µs':>8s} {'mean µs':>8s} {'wait µs':>8s} {'MB':>7s} {'TB/s':>6s}"]
     for r in t.rows:
         lines.append(f"{r.name:22s} {r.span_us:8.1f} {r.mean_us:8.1f} {r.wait_us:8.1f} {r.bytes / 1e6:7.2f} "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from megakernel_agent.traces.results import EvalResult, PhaseTimeline
+from megakernel_agent.traces.results import STAMP_COST, EvalResult, PhaseTimeline
 
 
 def check_summary(res: EvalResult) -> str:
@@ -52,8 +52,8 @@ def print_eval(res: EvalResult, console: Console | None = None, title: str = "")
 def phase_table(tl: PhaseTimeline) -> Table:
     """One context's phase timeline: per phase its critical span, mean block work, barrier wait, bytes, TB/s."""
     t = Table(title=f"phase timeline at ctx {tl.ctx}: kernel {tl.kernel_us:.1f} µs",
-              caption=f"medians of {tl.steps} {tl.steps_kind} steps, {tl.blocks} blocks, of a stamped build: its "
-                      "stamps cost ~2 µs per step, unevenly between kernels")
+              caption=f"medians of {tl.steps} {tl.steps_kind} steps, {tl.blocks} blocks, of a stamped build: "
+                      f"{STAMP_COST}")
     t.add_column("phase")
     for col in ("span µs", "mean µs", "wait µs", "MB", "TB/s"):
         t.add_column(col, justify="right")

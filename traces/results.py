@@ -153,6 +153,11 @@ class PhaseRow(BaseModel):
                                                        "its own release)")
 
 
+# What a stamped build costs the step it profiles (BENCHMARKS.md, forty-sixth session: 1.8-2.3 µs/token for the
+# seed, 0.4 for another kernel): every place that shows a timeline says it.
+STAMP_COST = "its stamps cost ~2 µs per step, unevenly between kernels"
+
+
 class PhaseTimeline(BaseModel):
     """Where one step's time goes, phase by phase, at one context (from a -DPHASE_STAMPS=1 build)."""
 
