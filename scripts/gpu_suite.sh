@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -281,6 +281,12 @@ for step in "$@"; do
       for c in 2048 16384; do
         timeout 280 python3 scripts/kimi_chain_stamps.py "$s" "$k" --ctx $c --rounds ${ROUNDS:-12} 2>&1 |
           tee "$OUT/stampafter-$c.log" | tail -9
+      done ;;
+    modulebias)  # identical cubins loaded as separate modules, timed interleaved (kimi_module_bias.py; 47th session):
+                 # a per-load bias that the sandbox's controls show as 0.994x-1.008x, shared / models / reloaded
+      for c in 2048 16384; do
+        timeout 280 python3 scripts/kimi_module_bias.py --ctx $c --rounds ${ROUNDS:-12} 2>&1 |
+          tee "$OUT/modulebias-$c.log" | tail -24
       done ;;
     attnread)  # the attention's double read of the cache at 16K (attn-read-probe.patch, ATT_READ_PROBE; 44th
                # session): barrier and event stamps at 8K and 16K of the seed and of the probe, whose head group 1
