@@ -30,6 +30,7 @@ PTXAS_RE = {
     "smem": re.compile(r"(\d+) bytes smem"),
 }
 DEFAULT_ARCH = "sm_90"
+PLACEMENTS = 16   # loads of one build that its evaluations take in turn (Placements)
 
 
 def build_defines(task: Task, knobs: dict[str, int], instruments: dict[str, str] | None = None) -> dict[str, str]:
@@ -85,19 +86,38 @@ def failed_build(key: str, knobs: dict[str, int], out: CompileOutput, seconds: f
                        confinement=out.confinement, seconds=seconds, compile_seconds=out.seconds, built_ahead=ahead)
 
 
-def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict, cubin_dir: Path,
+class Placements:
+    """A build's loads, taken in turn: each call of `next` gives the next of up to `count` loads of the same
+    cubin (loaded when first needed, then kept), so a build timed again and again runs from several code
+    placements rather than one. Where a module's code lies moved the Kimi step by up to 1.3 % at 16K, steadily
+    for that load (BENCHMARKS.md, forty-seventh session): one load per build made that a bias between versions
+    that interleaving cannot cancel."""
+
+    def __init__(self, load, first, count: int = PLACEMENTS):
+        self._load, self._loads, self._count, self._turn = load, [first], count, 0
+
+    def next(self):
+        i = self._turn % self._count
+        self._turn += 1
+        if i == len(self._loads):
+            self._loads.append(self._load())
+        return self._loads[i]
+
+
+def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: dict,
                      limits: CompileLimits | None = None, instruments: dict[str, str] | None = None,
                      ahead: Path | None = None):
     """(BuildResult, CompiledKernel | None). Never raises for a bad candidate: the failure is the result.
     With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones. A build made
-    ahead (in the folder `ahead`, under the same key) is loaded instead of compiled again."""
+    ahead (in the folder `ahead`, under the same key) is loaded instead of compiled again. A build already in
+    `cache` comes back as its next placement (Placements)."""
     from megakernel_agent.tasks.cuda_runtime import driver, load_kernel
 
     t0 = time.perf_counter()
     key = instrumented_key(key, instruments)
     if key in cache:
-        kernel, facts = cache[key]
-        return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), kernel
+        placements, facts = cache[key]
+        return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), placements.next()
     made = built_ahead(ahead, key) if not instruments else None
     try:
         if made is not None:
@@ -107,10 +127,8 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
         return BuildResult(ok=False, key=key, error=str(e), seconds=time.perf_counter() - t0), None
     if not out.ok:
         return failed_build(key, knobs, out, time.perf_counter() - t0, made is not None), None
-    cubin_dir.mkdir(parents=True, exist_ok=True)
-    path = cubin_dir / f"{key}.cubin"
-    path.write_bytes(out.cubin)
-    kernel = load_kernel(str(path), task.spec.entry, task.spec.declarations)
+    cubin = out.cubin
+    kernel = load_kernel(cubin, task.spec.entry, task.spec.declarations)
     c = kernel.contract
     fit = driver().occupancy(kernel.handle, c.threads, c.dynamic_smem) if c.threads <= kernel.max_threads else 0
     facts = ptxas_facts(out.log, task.spec.entry)
@@ -124,8 +142,9 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
             blocks_per_sm=c.blocks_per_sm, blocks_fit_per_sm=fit, grid=driver().sm_count() * c.blocks_per_sm,
         ),
     )
-    cache[key] = (kernel, res)
-    return res, kernel
+    placements = Placements(lambda: load_kernel(cubin, task.spec.entry, task.spec.declarations), kernel)
+    cache[key] = (placements, res)
+    return res, placements.next()
 
 
 def ptxas_facts(log: str, entry: str) -> dict[str, int]:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -55,7 +53,6 @@ class Worker:
         self.guard = WeightGuard(self.reference)
         self.models: dict = {}   # "candidate": checked and timed; "stamped": its -DPHASE_STAMPS=1 build, profiled
         self.kernels: dict = {}
-        self.cubin_dir = Path(tempfile.mkdtemp(prefix="mk-cubins-"))
         self.builds = builds   # where the session's builds made ahead lie (sandbox.build_ahead)
         self.baseline_us: dict[int, list[float]] = {}
 
@@ -123,8 +120,7 @@ class Worker:
 
         send({"event": "phase", "phase": "build"})
         try:
-            build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, self.cubin_dir,
-                                             ahead=self.builds)
+            build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, ahead=self.builds)
             res.build, res.knobs = build, build.knobs
             if not build.ok:
                 res.failure = Failure(cls=FailureClass.build, phase="build", message=build.error)
@@ -207,7 +203,7 @@ class Worker:
 
         if not self.task.phase_names():
             return failed(f"task {self.task.spec.name}'s kernels declare no phases: there is nothing to profile")
-        build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels, self.cubin_dir,
+        build, kernel = build_for_device(self.task, cand, self.arch, key, self.kernels,
                                          instruments=STAMPED_BUILD)
         if not build.ok:
             return failed(f"the stamped build (-DPHASE_STAMPS=1) failed: {build.error}")
@@ -246,17 +242,14 @@ def main() -> None:
     send({"event": "ready", "pid": os.getpid(), "device": worker.info.model_dump()})
     from .protocol import EvalRequest
 
-    try:
-        for line in sys.stdin:
-            msg = json.loads(line)
-            if msg.get("op") == "shutdown":
-                break
-            result, retire = worker.evaluate(EvalRequest.model_validate(msg["request"]))
-            send({"event": "result", "result": result, "retire": retire})
-            if retire:
-                break
-    finally:
-        shutil.rmtree(worker.cubin_dir, ignore_errors=True)   # a killed worker's folder stays, in the temp dir
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg.get("op") == "shutdown":
+            break
+        result, retire = worker.evaluate(EvalRequest.model_validate(msg["request"]))
+        send({"event": "result", "result": result, "retire": retire})
+        if retire:
+            break
 
 
 if __name__ == "__main__":

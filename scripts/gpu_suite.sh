@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -283,10 +283,17 @@ for step in "$@"; do
           tee "$OUT/stampafter-$c.log" | tail -9
       done ;;
     modulebias)  # identical cubins loaded as separate modules, timed interleaved (kimi_module_bias.py; 47th session):
-                 # a per-load bias that the sandbox's controls show as 0.994x-1.008x, shared / models / reloaded
+                 # the per-load bias that the sandbox's controls showed as 0.994x-1.008x, fixed / rotated / reloaded
+      for c in 16384 2048; do
+        timeout 280 python3 scripts/kimi_module_bias.py --ctx $c --copies ${COPIES:-8} --rounds ${ROUNDS:-16} 2>&1 |
+          tee "$OUT/modulebias-$c.log" | grep -v "^\s*$" | grep -v "━"
+      done ;;
+    stampfresh)  # stampcost's rounds with a fresh load of every build each round (--fresh-loads; 47th session): the
+                 # stamps' cost and the MLA_BARE difference without one fixed code placement per build
+      k=$(patched traces/examples/kimi-mla-bare/mla-bare.patch mla-bare) || { echo "patch failed"; continue; }
       for c in 2048 16384; do
-        timeout 280 python3 scripts/kimi_module_bias.py --ctx $c --rounds ${ROUNDS:-12} 2>&1 |
-          tee "$OUT/modulebias-$c.log" | tail -24
+        timeout 280 python3 scripts/kimi_chain_stamps.py kernels/kimi_linear/seed.cu "$k" --ctx $c --rounds ${ROUNDS:-12} \
+          --fresh-loads 2>&1 | tee "$OUT/stampfresh-$c.log" | tail -9
       done ;;
     attnread)  # the attention's double read of the cache at 16K (attn-read-probe.patch, ATT_READ_PROBE; 44th
                # session): barrier and event stamps at 8K and 16K of the seed and of the probe, whose head group 1

@@ -14,8 +14,12 @@ chain; after each step the stream copies its stamp rows out (no synchronize in t
   - the chain's µs/token by CUDA events with the copies and without them (what the copies themselves cost).
 With --rounds N it then times chains of each kernel's plain build (no stamps, what the sandbox times) and its
 stamped build, interleaved over N rounds, and sets each against the first kernel's same build: a difference
-between kernels that the stamped builds show and the plain builds do not is the stamps' own doing.
+between kernels that the stamped builds show and the plain builds do not is the stamps' own doing. With
+--fresh-loads every build there is compiled as the sandbox compiles (a cubin) and each round runs a fresh load
+of it: where a module's code lies biases a load steadily (BENCHMARKS.md, forty-seventh session), and one load
+per build turns that into a difference between builds.
 Usage: python scripts/kimi_chain_stamps.py [KERNEL.cu ...] [--ctx 2048] [--steps 20] [--warmup 5] [--rounds 0]
+                                           [--fresh-loads]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from megakernel_agent.sandbox.build import Placements, compile_candidate  # noqa: E402
 from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
 from megakernel_agent.sandbox.phases import (  # noqa: E402
     MAX_STAMP_BLOCKS,
@@ -47,6 +52,7 @@ from megakernel_agent.sandbox.phases import (  # noqa: E402
 from megakernel_agent.sandbox.profile import PROFILE_STEPS, profile_phases  # noqa: E402
 from megakernel_agent.sandbox.report import phase_table  # noqa: E402
 from megakernel_agent.sandbox.timing import _chain, _run  # noqa: E402
+from megakernel_agent.tasks.cuda_runtime import load_kernel  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.megakernel import build_megakernel  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 from megakernel_agent.traces.results import PhaseTimeline  # noqa: E402
@@ -126,15 +132,19 @@ def summary_table(results: dict[str, tuple[PhaseTimeline, Chain, float, float]])
     return t
 
 
-def build_rounds(task: KimiTask, models: dict[str, dict[str, object]], args) -> dict[str, dict[str, list[float]]]:
+def build_rounds(task: KimiTask, models: dict[str, dict[str, object]], args,
+                 loads: dict[str, dict[str, Placements]] | None = None) -> dict[str, dict[str, list[float]]]:
     """µs/token of chains without stamp-row copies, per kernel and build, over `args.rounds` interleaved rounds:
-    each round runs every kernel's every build on the round's own inputs, the kernels' order rotated."""
+    each round runs every kernel's every build on the round's own inputs, the kernels' order rotated; with
+    `loads`, each build's model runs the build's next load in each round."""
     paths = list(models)
     times = {path: {build: [] for build in models[path]} for path in paths}
     for r in range(args.rounds):
         for path in paths[r % len(paths):] + paths[: r % len(paths)]:
             builds = list(models[path].items())
             for build, model in builds if r % 2 == 0 else builds[::-1]:
+                if loads is not None:
+                    model.attach(loads[path][build].next())
                 us, _ = run_chain(task, model, args.ctx, args.steps, args.warmup, args.seed + 1000 * r)
                 times[path][build].append(us)
     return times
@@ -155,6 +165,25 @@ def build_table(times: dict[str, dict[str, list[float]]]) -> Table:
     return t
 
 
+def fresh_loads(task: KimiTask, paths: list[str], rounds: int) -> dict[str, dict[str, Placements]]:
+    """Per kernel, its plain and stamped builds compiled as the sandbox compiles them, a new load per round."""
+    major, minor = torch.cuda.get_device_capability()
+    loads = {}
+    for path in paths:
+        cand = Candidate(source=(ROOT / path).read_text())
+        loads[path] = {}
+        for build, instruments in (("stamped", STAMPED_BUILD), ("plain", None)):
+            _, out = compile_candidate(task, cand, f"sm_{major}{minor}", instruments=instruments)
+            if not out.ok:
+                raise SystemExit(f"{path} ({build}) did not compile: {out.error}")
+
+            def load(cubin=out.cubin):
+                return load_kernel(cubin, task.spec.entry, task.spec.declarations)
+
+            loads[path][build] = Placements(load, load(), count=rounds)
+    return loads
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kernels", nargs="*", default=[])
@@ -164,6 +193,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=0,
                     help="then time plain and stamped builds of every kernel over this many interleaved rounds")
+    ap.add_argument("--fresh-loads", action="store_true",
+                    help="in the rounds, a fresh load of each build's cubin every round")
     args = ap.parse_args()
     dev = torch.device("cuda:0")
     task = KimiTask("full")
@@ -192,7 +223,8 @@ def main() -> None:
         console.print("boundaries µs: " + " ".join(f"{b:.2f}" for b in chain.boundaries_us))
     console.print(summary_table(results))
     if args.rounds:
-        console.print(build_table(build_rounds(task, models, args)))
+        loads = fresh_loads(task, args.kernels or [task.spec.seed_kernel], args.rounds) if args.fresh_loads else None
+        console.print(build_table(build_rounds(task, models, args, loads)))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,13 @@ between leases (forty-sixth and forty-seventh sessions). The worker loads each b
 of it through that one module, so anything fixed per load (where its code lies, hence how it meets the
 instruction caches) is fixed for the whole compare: a bias the interval cannot see. Here one cubin (the seed's,
 compiled once) is loaded as --copies separate modules and their chains are timed over --rounds interleaved
-rounds, in three ways:
-  - shared:   one model, the module swapped per chain (model.attach, as the sandbox's worker does);
-  - models:   one model per module (each with its own scratch, counters, cache buffers and weight copies);
-  - reloaded: as shared, but every module is loaded afresh each round (its old load released).
+rounds, in three ways, all through one model (the module swapped per chain by model.attach, as the worker does):
+  - fixed:    each copy one load, for every round (the worker before the forty-seventh session);
+  - rotated:  each copy's rounds take its loads in turn (sandbox.build.Placements, as the worker does now);
+  - reloaded: each copy loaded afresh every round (the earlier loads kept loaded).
 Per way and copy it prints the median µs/token, the median of the per-round differences from copy 0 and how
-many rounds that difference kept its sign: a copy that is slower round after round, in a way that loses it on
-reloading, is a per-load bias.
+many rounds that difference kept its sign: a copy that is slower round after round is a per-load bias.
+(The forty-seventh session's first runs, at 6666f77, also had a model per copy, and named fixed "shared".)
 Usage: python scripts/kimi_module_bias.py [KERNEL.cu] [--copies 4] [--rounds 12] [--ctx 2048] [--steps 20]
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,47 +32,44 @@ from kimi_chain_stamps import run_chain  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from megakernel_agent.sandbox.build import compile_candidate  # noqa: E402
+from megakernel_agent.sandbox.build import Placements, compile_candidate  # noqa: E402
 from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
 from megakernel_agent.tasks.cuda_runtime import load_kernel  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
-WAYS = ("shared", "models", "reloaded")
+WAYS = ("fixed", "rotated", "reloaded")
 
 
-def cubin_copies(task: KimiTask, source: str, copies: int, folder: Path) -> list[Path]:
-    """`copies` files holding one compile of `source` (distinct paths, so each loads as its own module)."""
+def compiled(task: KimiTask, source: str) -> bytes:
+    """The cubin of `source`, compiled once, as the sandbox compiles a candidate."""
     major, minor = torch.cuda.get_device_capability()
     _, out = compile_candidate(task, Candidate(source=source), f"sm_{major}{minor}")
     if not out.ok:
         raise SystemExit(f"compile failed: {out.error}")
-    paths = [folder / f"copy{i}.cubin" for i in range(copies)]
-    for p in paths:
-        p.write_bytes(out.cubin)
-    return paths
+    return out.cubin
 
 
-def time_way(way: str, task: KimiTask, reference, paths: list[Path], args, reload_folder: Path) -> list[list[float]]:
+def time_way(way: str, task: KimiTask, reference, cubin: bytes, args) -> list[list[float]]:
     """µs/token per copy and round for one way; the copies' order rotates each round."""
-    def load(path: Path):
-        return load_kernel(str(path), task.spec.entry, task.spec.declarations)
+    def load():
+        return load_kernel(cubin, task.spec.entry, task.spec.declarations)
 
-    kernels = [load(p) for p in paths]
-    models = [task.build_candidate(reference, k) for k in kernels] if way == "models" else None
-    shared = task.build_candidate(reference, kernels[0]) if models is None else None
-    times: list[list[float]] = [[] for _ in paths]
+    copies = [Placements(load, load()) for _ in range(args.copies)]
+    fixed = [p.next() for p in copies]
+    model = task.build_candidate(reference, fixed[0])
+    times: list[list[float]] = [[] for _ in copies]
+    kept = []   # reloaded: every load stays loaded, so no later one can take its place
     for r in range(args.rounds):
-        if way == "reloaded":   # fresh module loads: new file names, since cupy memoizes a module per path
-            kernels = []
-            for i, p in enumerate(paths):
-                fresh = reload_folder / f"r{r}-copy{i}.cubin"
-                fresh.write_bytes(p.read_bytes())
-                kernels.append(load(fresh))
-        order = list(range(len(paths)))
-        order = order[r % len(order):] + order[: r % len(order)]
-        for i in order:
-            model = models[i] if models is not None else shared.attach(kernels[i])
-            us, _ = run_chain(task, model, args.ctx, args.steps, args.warmup, args.seed + 1000 * r)
+        order = list(range(len(copies)))
+        for i in order[r % len(order):] + order[: r % len(order)]:
+            if way == "fixed":
+                kernel = fixed[i]
+            elif way == "rotated":
+                kernel = copies[i].next()
+            else:
+                kernel = load()
+                kept.append(kernel)
+            us, _ = run_chain(task, model.attach(kernel), args.ctx, args.steps, args.warmup, args.seed + 1000 * r)
             times[i].append(us)
     return times
 
@@ -107,11 +103,9 @@ def main() -> None:
     reference = task.build_reference(dev, 0)
     source = (ROOT / (args.kernel or task.spec.seed_kernel)).read_text()
     console = Console(width=160)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        paths = cubin_copies(task, source, args.copies, folder)
-        for way in args.ways:
-            console.print(way_table(way, time_way(way, task, reference, paths, args, folder)))
+    cubin = compiled(task, source)
+    for way in args.ways:
+        console.print(way_table(way, time_way(way, task, reference, cubin, args)))
 
 
 if __name__ == "__main__":

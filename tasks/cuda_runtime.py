@@ -26,6 +26,10 @@ LAUNCH_CONTRACT_MACRO = """
   extern "C" __device__ unsigned long long counter_words = (counters);
 """
 
+_CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
+_CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
+_CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 _CUDA_ERROR_NOT_FOUND = 500   # cuModuleGetGlobal: no such symbol
@@ -100,6 +104,24 @@ class _Driver:
             "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
         )
 
+    def function_attribute(self, func: int, attribute: int) -> int:
+        value = ctypes.c_int()
+        self.check(self.lib.cuFuncGetAttribute(ctypes.byref(value), attribute, ctypes.c_void_p(func)),
+                   f"cuFuncGetAttribute({attribute})")
+        return value.value
+
+    def make_context_current(self) -> None:
+        """Make the current device's primary context (the one torch and CuPy use) current on this thread when no
+        context is: a driver call such as cuModuleLoadData needs one, and a process may load before any launch."""
+        ctx = ctypes.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if ctx.value:
+            return
+        dev = ctypes.c_int()
+        self.check(self.lib.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()), "cuDeviceGet")
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
     def sm_count(self) -> int:
         dev, count = ctypes.c_int(), ctypes.c_int()
         self.check(self.lib.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
@@ -131,12 +153,70 @@ class LaunchContract:
     counter_words: int
 
 
+class CubinModule:
+    """One load of a cubin through the driver: a module of its own, unloaded when this object goes. Each load
+    places the code anew, so two loads of the same bytes are two placements (the timing rotates over several:
+    where a module's code lies moved the Kimi step by up to 1.3 %, BENCHMARKS.md, forty-seventh session)."""
+
+    def __init__(self, image: bytes):
+        self._drv = driver()
+        self._drv.make_context_current()
+        handle = ctypes.c_void_p()
+        self._drv.check(self._drv.lib.cuModuleLoadData(ctypes.byref(handle), ctypes.c_char_p(image)),
+                        "cuModuleLoadData")
+        self.handle = handle.value
+
+    def function(self, name: str) -> int:
+        func = ctypes.c_void_p()
+        self._drv.check(self._drv.lib.cuModuleGetFunction(ctypes.byref(func), ctypes.c_void_p(self.handle),
+                                                          name.encode()), f"cuModuleGetFunction({name})")
+        return func.value
+
+    def read_u64(self, symbol: str) -> int | None:
+        """The 64-bit device global `symbol`, or None if the module has none."""
+        ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        status = self._drv.lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size),
+                                                    ctypes.c_void_p(self.handle), symbol.encode())
+        if status == _CUDA_ERROR_NOT_FOUND:
+            return None
+        self._drv.check(status, f"cuModuleGetGlobal({symbol})")
+        value = ctypes.c_uint64()
+        self._drv.check(self._drv.lib.cuMemcpyDtoH_v2(ctypes.byref(value), ptr, ctypes.c_size_t(8)),
+                        f"cuMemcpyDtoH({symbol})")
+        return value.value
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            self._drv.lib.cuModuleUnload(ctypes.c_void_p(self.handle))
+
+
+class _CompiledModule:
+    """A module CuPy compiled and loaded (NVRTC), seen as a CubinModule is: its function and its globals."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def function(self, name: str) -> int:
+        return int(self.raw.get_function(name).kernel.ptr)
+
+    def read_u64(self, symbol: str) -> int | None:
+        import cupy
+        import numpy
+
+        try:
+            ptr = self.raw.get_global(symbol)
+        except cupy.cuda.driver.CUDADriverError as e:
+            if e.status != _CUDA_ERROR_NOT_FOUND:
+                raise
+            return None
+        return int(cupy.ndarray((1,), dtype=numpy.uint64, memptr=ptr).get()[0])
+
+
 @dataclass
 class CompiledKernel:
-    """A loaded kernel: its CuPy module, function handle, resources and declared launch contract."""
+    """A loaded kernel: its module, function handle, resources and declared launch contract."""
 
-    module: object
-    function: object
+    module: CubinModule | _CompiledModule
     handle: int
     contract: LaunchContract
     registers: int
@@ -147,16 +227,12 @@ class CompiledKernel:
 
     def read_u64(self, symbol: str, default: int | None = None) -> int:
         """The kernel's 64-bit device global `symbol`; `default` if the kernel has none (else an error)."""
-        import cupy
-        import numpy
-
-        try:
-            ptr = self.module.get_global(symbol)
-        except cupy.cuda.driver.CUDADriverError as e:
-            if default is None or e.status != _CUDA_ERROR_NOT_FOUND:
-                raise
+        value = self.module.read_u64(symbol)
+        if value is None:
+            if default is None:
+                raise KernelContractError(f"the kernel has no device global {symbol}")
             return default
-        return int(cupy.ndarray((1,), dtype=numpy.uint64, memptr=ptr).get()[0])
+        return value
 
 
 def compile_kernel(source: str, entry: str, options: tuple[str, ...],
@@ -167,29 +243,27 @@ def compile_kernel(source: str, entry: str, options: tuple[str, ...],
 
     module = cupy.RawModule(code=source, options=options, enable_cooperative_groups=True)
     module.compile()
-    return _loaded(module, entry, declarations)
+    return _loaded(_CompiledModule(module), entry, declarations)
 
 
-def load_kernel(cubin_path: str, entry: str, declarations: list[str] | tuple[str, ...] = ()) -> CompiledKernel:
-    """Load a cubin compiled elsewhere (the sandbox's confined compiler) and read its resources, contract and
-    `declarations`."""
-    import cupy
-
-    return _loaded(cupy.RawModule(path=cubin_path), entry, declarations)
+def load_kernel(cubin: bytes, entry: str, declarations: list[str] | tuple[str, ...] = ()) -> CompiledKernel:
+    """Load a cubin compiled elsewhere (the sandbox's confined compiler) as a module of its own, and read its
+    resources, contract and `declarations`."""
+    return _loaded(CubinModule(cubin), entry, declarations)
 
 
-def _loaded(module, entry: str, declarations: list[str] | tuple[str, ...]) -> CompiledKernel:
-    function = module.get_function(entry)
-    handle = int(function.kernel.ptr)
+def _loaded(module: CubinModule | _CompiledModule, entry: str, declarations: list[str] | tuple[str, ...]
+            ) -> CompiledKernel:
+    handle = module.function(entry)
+    drv = driver()
     kernel = CompiledKernel(
         module=module,
-        function=function,
         handle=handle,
         contract=LaunchContract(0, 0, 0, 0, 0),
-        registers=int(function.num_regs),
-        local_bytes=int(function.local_size_bytes),
-        static_smem=int(function.shared_size_bytes),
-        max_threads=int(function.max_threads_per_block),
+        registers=drv.function_attribute(handle, _CU_FUNC_ATTRIBUTE_NUM_REGS),
+        local_bytes=drv.function_attribute(handle, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+        static_smem=drv.function_attribute(handle, _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+        max_threads=drv.function_attribute(handle, _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
     )
     values = {name: kernel.read_u64(name) for name in LAUNCH_SYMBOLS}
     kernel.declared = {name: kernel.read_u64(name, default=0) for name in declarations}
@@ -201,7 +275,7 @@ def _loaded(module, entry: str, declarations: list[str] | tuple[str, ...]) -> Co
         counter_words=values["counter_words"],
     )
     if kernel.contract.dynamic_smem > 48 * 1024:
-        driver().set_max_dynamic_smem(handle, kernel.contract.dynamic_smem)
+        drv.set_max_dynamic_smem(handle, kernel.contract.dynamic_smem)
     return kernel
 
 

@@ -86,6 +86,28 @@ def test_knob_variant_is_a_different_build_and_correct(pool):
     assert a.ok and b.ok and a.key != b.key and a.knobs["KSPLIT"] == 16
 
 
+def test_two_loads_of_one_cubin_are_two_modules_that_compute_the_same_bits():
+    import torch
+
+    from megakernel_agent.sandbox.build import compile_candidate
+    from megakernel_agent.tasks.cuda_runtime import load_kernel
+    from megakernel_agent.tasks.registry import get_task
+
+    task, dev = get_task("w4a16_gemv", "full"), torch.device("cuda:0")
+    major, minor = torch.cuda.get_device_capability(dev)
+    _, out = compile_candidate(task, Candidate(source=SEED), f"sm_{major}{minor}")
+    assert out.ok, out.error
+    first, second = (load_kernel(out.cubin, task.spec.entry, task.spec.declarations) for _ in range(2))
+    assert first.module.handle != second.module.handle and first.handle != second.handle
+    assert first.contract == second.contract and first.registers == second.registers > 0
+    reference = task.build_reference(dev, 0)
+    hidden, state = task.make_inputs(task.spec.fixed_seeds[0], task.spec.check_context_lengths[0], dev)
+    outputs = [task.build_candidate(reference, k).step(hidden.clone(), state)[0] for k in (first, second)]
+    assert torch.isfinite(outputs[0].float()).all() and torch.equal(outputs[0], outputs[1])
+    del first   # its module unloads; the other still runs
+    assert torch.equal(task.build_candidate(reference, second).step(hidden.clone(), state)[0], outputs[1])
+
+
 HANGING_PARENT = """
 import sys
 sys.path.insert(0, {root!r})

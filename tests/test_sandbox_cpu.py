@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 
+from megakernel_agent.sandbox.build import Placements
 from megakernel_agent.sandbox.candidate import Candidate, CandidateError, parse_knobs, resolve_knobs
 from megakernel_agent.sandbox.pool import Evaluator
 from megakernel_agent.sandbox.protocol import PhaseTimeouts
@@ -44,6 +45,19 @@ def test_build_key_depends_on_source_knobs_and_options():
     assert a.key("x") != Candidate(source=SRC, knobs={"THREADS": 512}).key("x")
     assert a.key("x") != a.key("y")
     assert a.key("x") != Candidate(source=SRC + "\n").key("x")
+
+
+def test_a_builds_evaluations_take_its_placements_in_turn_loading_each_once():
+    loads = []
+
+    def load():
+        loads.append(f"load {len(loads) + 1}")
+        return loads[-1]
+
+    placements = Placements(load, "first", count=3)
+    got = [placements.next() for _ in range(7)]
+    assert got == ["first", "load 1", "load 2", "first", "load 1", "load 2", "first"]
+    assert loads == ["load 1", "load 2"]   # loaded when first needed, then kept
 
 
 def test_eval_result_round_trips_through_json():
