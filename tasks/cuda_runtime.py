@@ -180,6 +180,8 @@ class CubinModule:
         if status == _CUDA_ERROR_NOT_FOUND:
             return None
         self._drv.check(status, f"cuModuleGetGlobal({symbol})")
+        if size.value != 8:
+            raise KernelContractError(f"the kernel's device global {symbol} is {size.value} bytes, not a 64-bit value")
         value = ctypes.c_uint64()
         self._drv.check(self._drv.lib.cuMemcpyDtoH_v2(ctypes.byref(value), ptr, ctypes.c_size_t(8)),
                         f"cuMemcpyDtoH({symbol})")
