@@ -111,7 +111,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones. A build made
     ahead (in the folder `ahead`, under the same key) is loaded instead of compiled again. A build already in
     `cache` comes back as its next placement (Placements)."""
-    from megakernel_agent.tasks.cuda_runtime import driver, load_kernel
+    from megakernel_agent.tasks.cuda_runtime import KernelContractError, driver, load_kernel
 
     t0 = time.perf_counter()
     key = instrumented_key(key, instruments)
@@ -128,7 +128,10 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     if not out.ok:
         return failed_build(key, knobs, out, time.perf_counter() - t0, made is not None), None
     cubin = out.cubin
-    kernel = load_kernel(cubin, task.spec.entry, task.spec.declarations)
+    try:
+        kernel = load_kernel(cubin, task.spec.entry, task.spec.declarations)
+    except KernelContractError as e:   # a launch value or declaration the host cannot read: the kernel's fault
+        return BuildResult(ok=False, key=key, knobs=knobs, error=str(e), seconds=time.perf_counter() - t0), None
     c = kernel.contract
     fit = driver().occupancy(kernel.handle, c.threads, c.dynamic_smem) if c.threads <= kernel.max_threads else 0
     facts = ptxas_facts(out.log, task.spec.entry)

@@ -32,6 +32,15 @@ BAD = {
         variant("// @knob BLOCKS_PER_SM 1 {1,2,4}", "// @knob BLOCKS_PER_SM 64 {64}"),
         FailureClass.build,
     ),
+    "a launch value that is not 64-bit": (
+        variant("MK_LAUNCH_CONTRACT(THREADS, BLOCKS_PER_SM, 0, 4 * (size_t)KSPLIT * HIDDEN, TILES)",
+                'extern "C" __device__ unsigned launch_threads = THREADS;\n'
+                'extern "C" __device__ unsigned long long launch_blocks_per_sm = BLOCKS_PER_SM;\n'
+                'extern "C" __device__ unsigned long long launch_dynamic_smem = 0;\n'
+                'extern "C" __device__ unsigned long long scratch_bytes = 4 * (size_t)KSPLIT * HIDDEN;\n'
+                'extern "C" __device__ unsigned long long counter_words = TILES;'),
+        FailureClass.build,
+    ),
     "deadlocked barrier": (
         variant(HEAD, HEAD + "  if (blockIdx.x == 0) cooperative_groups::this_grid().sync();\n"),
         FailureClass.timeout,
