@@ -470,7 +470,8 @@ def build_parser() -> Parser:
     c.add_argument("versions", nargs="+", metavar="VERSION")
     c.add_argument("--task", default=DEFAULT_TASK, help="task name")
     c.add_argument("--size", default="full", help="task configuration: full | small")
-    c.add_argument("--rounds", type=arg_type(positive_int), default=5, help="interleaved rounds (A B A B ...)")
+    c.add_argument("--rounds", type=arg_type(positive_int), default=5,
+                   help="interleaved rounds, each starting one version further on")
     c.add_argument("--samples", type=arg_type(positive_int), default=3, help="timing samples per version per round")
     c.add_argument("--ctx", **ctx)
     c.add_argument("--diff", action="store_true", help="show each version's source diff against the first")

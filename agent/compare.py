@@ -1,4 +1,4 @@
-"""Compare kernel versions: the same correctness protocol for each, then interleaved timing (A B A B ...)
+"""Compare kernel versions: the same correctness protocol for each, then interleaved timing (A B C, B C A, ...)
 so that drift cancels, and each version's speedup over the first with a bootstrap interval."""
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ def parse_version(spec: str, task: Task) -> Version:
 
 def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts: list[int] | None = None,
                on_result=None, deadline: float | None = None) -> None:
-    """Time the versions in turn, round after round (A B A B ...), pooling each one's samples per context.
-    A version whose timing fails (its timed samples are verified too) drops out with the reason; no
-    evaluation outlives `deadline` (time.monotonic())."""
-    for _ in range(rounds):
-        for v in versions:
+    """Time the versions in turn, round after round, pooling each one's samples per context; each round starts
+    one version further on (A B C, B C A, ...), so no version always runs first after another or always takes
+    the same turn among a worker's module loads. A version whose timing fails (its timed samples are verified
+    too) drops out with the reason; no evaluation outlives `deadline` (time.monotonic())."""
+    for r in range(rounds):
+        for v in versions[r % len(versions):] + versions[: r % len(versions)]:
             if not v.ok:
                 continue
             res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts,

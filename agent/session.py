@@ -552,7 +552,7 @@ class Session:
 
     def _confirm(self, pid: str, lane: Lane, gpu: str, cand: Candidate, res: EvalResult, best_here: EvalResult
                  ) -> tuple[Verdict, Failure | None]:
-        """A first win is re-timed interleaved with the best (A B A B) on the same lane, so drift cannot fake a gain.
+        """A first win is re-timed interleaved with the best (A B B A) on the same lane, so drift cannot fake a gain.
 
         The re-timings are recorded as Evaluate events with ids like `p3~confirm-best-1`. A re-timing that
         fails (a hang, a crash) is the attempt's failure with its own class; when it was the best's re-timing
@@ -560,8 +560,9 @@ class Session:
         """
         best_c = Candidate(source=self.best.source, knobs=self.best.knobs)
         a, b = [], []
+        pair = ((a, "best", best_c), (b, "candidate", cand))
         for i in range(1, 3):
-            for runs, which, c in ((a, "best", best_c), (b, "candidate", cand)):
+            for runs, which, c in pair if i == 1 else pair[::-1]:   # A B B A: neither always runs first
                 label = f"{pid}~confirm-{which}-{i}"
                 r = self.evaluate(label, c, lane, check=False, baseline=False)
                 self.record(Evaluate(id=label, result=r.model_copy(update={"build": None})))

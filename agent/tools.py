@@ -42,7 +42,7 @@ class DiagnoseInput(BaseModel):
 
 
 class CompareInput(BaseModel):
-    """Interleaved A/B timing of two versions (A B A B ..., on the GPU; costs budget), speedup of B over A
+    """Interleaved A/B timing of two versions (A B, B A, ..., on the GPU; costs budget), speedup of B over A
     per context with a 95% bootstrap interval."""
 
     a: str = Field(description="version id or name")

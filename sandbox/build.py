@@ -29,8 +29,10 @@ PTXAS_RE = {
     "spill_loads": re.compile(r"(\d+) bytes spill loads"),
     "smem": re.compile(r"(\d+) bytes smem"),
 }
+GMEM_RE = re.compile(r"(\d+) bytes gmem")
 DEFAULT_ARCH = "sm_90"
 PLACEMENTS = 16   # loads of one build that its evaluations take in turn (Placements)
+GLOBALS_LIMIT = 16 << 20   # bytes of a build's own device globals, which each of its loads allocates again
 
 
 def build_defines(task: Task, knobs: dict[str, int], instruments: dict[str, str] | None = None) -> dict[str, str]:
@@ -69,7 +71,13 @@ def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLim
     """(resolved knobs, compiler output); CandidateError for a source or knob that breaks a rule."""
     knobs = validate(cand)
     options = [*nvrtc_options(arch, build_defines(task, knobs, instruments)), "--ptxas-options=-v"]
-    return knobs, compile_cuda(task.prelude(), cand.source, options, limits, track=track)
+    out = compile_cuda(task.prelude(), cand.source, options, limits, track=track)
+    globals_bytes = sum(int(n) for n in GMEM_RE.findall(out.log))
+    if out.ok and globals_bytes > GLOBALS_LIMIT:   # a worker holds up to PLACEMENTS loads of a build
+        out = out.model_copy(update={"ok": False, "cubin_b64": "", "error": (
+            f"the kernel's own device globals take {globals_bytes} bytes (ptxas); at most {GLOBALS_LIMIT} are "
+            f"allowed, since every load of a build allocates them again")})
+    return knobs, out
 
 
 def instrumented_key(key: str, instruments: dict[str, str] | None) -> str:
@@ -98,9 +106,9 @@ class Placements:
 
     def next(self):
         i = self._turn % self._count
-        self._turn += 1
         if i == len(self._loads):
-            self._loads.append(self._load())
+            self._loads.append(self._load())   # a load that fails leaves the turn where it was
+        self._turn += 1
         return self._loads[i]
 
 

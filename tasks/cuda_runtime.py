@@ -68,6 +68,7 @@ class _Driver:
     def __init__(self) -> None:
         self.lib = ctypes.CDLL("libcuda.so.1")
         self.lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        self.check(self.lib.cuInit(0), "cuInit")   # idempotent; a first driver call may come before any runtime one
         # cuLaunchKernelEx with the cooperative attribute, not cuLaunchCooperativeKernel: the same
         # launch, ~3 µs less host time per call on the H200 hosts (kimi_host_cost.py --apis: 6.3 vs 9.0)
         # Unprototyped on purpose: callers pass four prebuilt ctypes objects (c_void_p or None, never
@@ -154,9 +155,10 @@ class LaunchContract:
 
 
 class CubinModule:
-    """One load of a cubin through the driver: a module of its own, unloaded when this object goes. Each load
-    places the code anew, so two loads of the same bytes are two placements (the timing rotates over several:
-    where a module's code lies moved the Kimi step by up to 1.3 %, BENCHMARKS.md, forty-seventh session)."""
+    """One load of a cubin through the driver: a module of its own, unloaded when this object goes (after the
+    caller's last launch of it has finished: the caller synchronizes first). Loads that are alive together lie
+    apart, so two of them are two code placements (the timing rotates over several, each kept loaded: where a
+    module's code lies moved the Kimi step by up to 1.3 %, BENCHMARKS.md, forty-seventh session)."""
 
     def __init__(self, image: bytes):
         self._drv = driver()

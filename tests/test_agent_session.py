@@ -114,7 +114,7 @@ def test_keep_and_revert_rules_over_every_outcome(tmp_path):
     # the win was confirmed by interleaved re-timing of best and candidate without re-checking
     assert [o for _, o in s.ev.calls].count({"check": False, "baseline": False}) == 4
     confirms = [e.id for e in trace.events if e.type == "evaluate" and "~confirm-" in e.id]
-    assert confirms == ["p1~confirm-best-1", "p1~confirm-candidate-1", "p1~confirm-best-2", "p1~confirm-candidate-2"]
+    assert confirms == ["p1~confirm-best-1", "p1~confirm-candidate-1", "p1~confirm-candidate-2", "p1~confirm-best-2"]
 
 
 def test_session_ends_within_budget_even_when_every_kernel_hangs(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megakernel_agent.sandbox.build import build_defines, compile_only
+from megakernel_agent.sandbox.build import GLOBALS_LIMIT, build_defines, compile_only
 from megakernel_agent.sandbox.candidate import Candidate, CandidateError
 from megakernel_agent.sandbox.compiler import (
     CompileLimits,
@@ -36,6 +36,14 @@ def test_shipped_kernels_compile_with_build_facts(task, size):
     assert res.ok, res.log[-3000:]
     assert 0 < res.resources.registers <= 255 and res.spill_bytes >= 0
     assert res.compiler.startswith("NVRTC ")
+
+
+def test_device_globals_past_the_limit_fail_the_build_since_every_load_allocates_them():
+    source = GEMV.seed_source() + f'\n__device__ char ballast[{GLOBALS_LIMIT + 1}];\n'
+    res = compile_only(GEMV, Candidate(source=source))
+    assert not res.ok and "device globals take" in res.error and "every load" in res.error
+    small = compile_only(GEMV, Candidate(source=GEMV.seed_source() + "\n__device__ char ballast[4096];\n"))
+    assert small.ok, small.error
 
 
 def test_errors_name_the_candidates_own_lines():

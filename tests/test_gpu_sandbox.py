@@ -96,6 +96,9 @@ def test_knob_variant_is_a_different_build_and_correct(pool):
 
 
 def test_two_loads_of_one_cubin_are_two_modules_that_compute_the_same_bits():
+    import gc
+    import weakref
+
     import torch
 
     from megakernel_agent.sandbox.build import compile_candidate
@@ -113,7 +116,11 @@ def test_two_loads_of_one_cubin_are_two_modules_that_compute_the_same_bits():
     hidden, state = task.make_inputs(task.spec.fixed_seeds[0], task.spec.check_context_lengths[0], dev)
     outputs = [task.build_candidate(reference, k).step(hidden.clone(), state)[0] for k in (first, second)]
     assert torch.isfinite(outputs[0].float()).all() and torch.equal(outputs[0], outputs[1])
-    del first   # its module unloads; the other still runs
+    torch.cuda.synchronize()
+    unloaded = weakref.ref(first.module)
+    del first
+    gc.collect()
+    assert unloaded() is None   # its module is gone; the other still runs
     assert torch.equal(task.build_candidate(reference, second).step(hidden.clone(), state)[0], outputs[1])
 
 

@@ -86,7 +86,7 @@ def test_compare_interleaves_and_judges(tmp_path):
     console = Console(record=True, width=200)
     rows = run_compare(versions, sandbox, rounds=3, samples=2, console=console)
     timed_order = [c.resolved_knobs()["A"] for c, o in sandbox.calls if o.get("check") is False]
-    assert timed_order == [1, 2, 1] * 3            # A B A B ... (the wrong one is never timed)
+    assert timed_order == [1, 2, 1, 2, 1, 1, 1, 1, 2]   # a b a2, b a2 a, a2 a b (the wrong one is never timed)
     verdicts = {(r["label"], r["ctx"]): r.get("verdict") for r in rows}
     assert verdicts[("b", 2048)] == "faster" and verdicts[("a2", 2048)] == "within noise"
     assert not versions[2].ok and "wrong" in versions[2].check

@@ -60,6 +60,22 @@ def test_a_builds_evaluations_take_its_placements_in_turn_loading_each_once():
     assert loads == ["load 1", "load 2"]   # loaded when first needed, then kept
 
 
+def test_a_load_that_fails_leaves_the_builds_turn_where_it_was():
+    outcomes = iter([RuntimeError("out of memory"), "load 1"])
+
+    def load():
+        got = next(outcomes)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    placements = Placements(load, "first", count=2)
+    assert placements.next() == "first"
+    with pytest.raises(RuntimeError, match="out of memory"):
+        placements.next()
+    assert [placements.next() for _ in range(3)] == ["load 1", "first", "load 1"]
+
+
 def test_eval_result_round_trips_through_json():
     res = EvalResult(task="t", size="s", key="k", knobs={"A": 1})
     assert EvalResult.model_validate_json(res.model_dump_json()) == res
