@@ -13,7 +13,7 @@ from rich.table import Table
 from megakernel_agent.sandbox.candidate import Candidate
 from megakernel_agent.sandbox.pool import Evaluator
 from megakernel_agent.sandbox.report import check_summary
-from megakernel_agent.sandbox.stats import verdict
+from megakernel_agent.sandbox.stats import grouped_ratio_interval, verdict_of
 from megakernel_agent.tasks.base import Task
 from megakernel_agent.traces.diffs import diff_text
 
@@ -27,7 +27,11 @@ class Version:
     candidate: Candidate
     check: str = ""
     ok: bool = False
-    samples: dict[int, list[float]] = field(default_factory=dict)
+    rounds: dict[int, list[list[float]]] = field(default_factory=dict)   # per context, each round's samples
+
+    @property
+    def samples(self) -> dict[int, list[float]]:
+        return {ctx: [x for r in rs for x in r] for ctx, rs in self.rounds.items()}
 
 
 def parse_version(spec: str, task: Task) -> Version:
@@ -62,21 +66,22 @@ def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts:
             if not res.ok:
                 v.ok, v.check = False, f"timing failed: {res.failure.cls.value}: {res.failure.message}"
             for t in res.timings:
-                v.samples.setdefault(t.ctx, []).extend(t.samples_us)
+                v.rounds.setdefault(t.ctx, []).append(t.samples_us)
             if on_result is not None:
                 on_result(v, res)
 
 
 def speedups(versions: list[Version]) -> list[dict]:
-    """Per version and context: median µs, samples, and vs the first version the ratio, interval, verdict."""
+    """Per version and context: median µs, samples, and vs the first version the ratio, interval (resampling
+    rounds, then samples: a round's samples share one module load) and verdict."""
     rows = []
     first = versions[0]
     for v in versions:
         for ctx, xs in sorted(v.samples.items()):
             row = {"label": v.label, "ctx": ctx, "median_us": sorted(xs)[len(xs) // 2], "n": len(xs)}
-            if v is not first and ctx in first.samples and v.ok and first.ok:
-                word, (r, lo, hi) = verdict(first.samples[ctx], xs)
-                row |= {"ratio": r, "low": lo, "high": hi, "verdict": word}
+            if v is not first and ctx in first.rounds and v.ok and first.ok:
+                r, lo, hi = grouped_ratio_interval(first.rounds[ctx], v.rounds[ctx])
+                row |= {"ratio": r, "low": lo, "high": hi, "verdict": verdict_of((r, lo, hi))}
             rows.append(row)
     return rows
 
@@ -96,7 +101,7 @@ def run_compare(versions: list[Version], ev: Evaluator, rounds: int, samples: in
 def print_compare(versions: list[Version], rows: list[dict], console: Console, show_diff: bool) -> None:
     for v in versions:
         console.print(f"[bold]{v.label}[/]: {v.check}")
-    t = Table(title=f"interleaved timing, speedup vs {versions[0].label} (95% bootstrap interval)")
+    t = Table(title=f"interleaved timing, speedup vs {versions[0].label} (95% interval, rounds then samples resampled)")
     for col in ("version", "ctx", "µs/token", "samples", "speedup", "interval", "verdict"):
         t.add_column(col, justify="right" if col not in ("version", "verdict") else "left")
     for r in rows:

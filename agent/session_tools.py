@@ -211,7 +211,8 @@ class SessionTools:
             self._on_gpu(lambda: interleave(lane.ev, pair, inp.rounds, 3, contexts, on_result=record,
                                             deadline=self.s.budget.deadline()))
         rows = speedups(pair)
-        lines = [f"interleaved A={a} B={b}, {inp.rounds} rounds; speedup of B over A (95% bootstrap interval):"]
+        lines = [f"interleaved A={a} B={b}, {inp.rounds} rounds; speedup of B over A (95% bootstrap "
+                 "interval, rounds then samples resampled):"]
         a_us = {r["ctx"]: r["median_us"] for r in rows if r["label"] == a}
         for r in rows:
             if "ratio" in r:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from megakernel_agent.sandbox.stats import ratio_interval, verdict
+from megakernel_agent.sandbox.stats import grouped_ratio_interval, ratio_interval, verdict, verdict_of
 from megakernel_agent.traces.loader import TraceError, load
 from megakernel_agent.traces.recorder import Recorder
 from megakernel_agent.traces.redaction import redact
@@ -151,6 +151,23 @@ def test_compare_statistics_on_synthetic_samples():
     r, lo, hi = ratio_interval(a, faster)
     assert lo < r < hi and lo > 1.05
     assert json.dumps(ratio_interval(a, a, seed=3)) == json.dumps(ratio_interval(a, a, seed=3))  # deterministic
+
+
+def test_rounds_that_share_a_bias_widen_the_interval_instead_of_passing_for_independent_samples():
+    def rounds(base, biases):   # three tight samples per round around the round's own offset (its module load)
+        return [[base + b + e for e in (-0.2, 0.0, 0.2)] for b in biases]
+
+    a, b = rounds(204.0, [0, 4, -3, 2, -1]), rounds(200.0, [-3, 3, -1, -2, 1])
+    pooled = ratio_interval([x for r in a for x in r], [x for r in b for x in r])
+    grouped = grouped_ratio_interval(a, b)
+    assert grouped[0] == pooled[0]
+    assert grouped[1] < pooled[1] and grouped[2] > pooled[2]
+    assert verdict_of(pooled) == "faster" and verdict_of(grouped) == "within noise"   # 5 rounds, not 15 samples
+    steady = rounds(204.0, [0] * 5), rounds(200.0, [0] * 5)
+    assert verdict_of(grouped_ratio_interval(*steady)) == "faster"   # no shared offsets: a real 2 % still shows
+    assert grouped_ratio_interval(a, b, seed=3) == grouped_ratio_interval(a, b, seed=3)   # deterministic
+    with pytest.raises(ValueError, match="both sides"):
+        grouped_ratio_interval(a, [[]])
 
 
 def test_a_stop_recorded_as_a_planner_error_by_older_writers_reads_as_planner_finished(tmp_path):
