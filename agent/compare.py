@@ -20,6 +20,8 @@ from megakernel_agent.traces.diffs import diff_text
 from .errors import BadInput
 from .preflight import check_kernel, load_trace, parse_knob, read_kernel
 
+MIN_ROUNDS = 2   # one round is one module load a side: its interval cannot see the load's own bias
+
 
 @dataclass
 class Version:
@@ -53,14 +55,13 @@ def parse_version(spec: str, task: Task) -> Version:
 
 def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts: list[int] | None = None,
                on_result=None, deadline: float | None = None) -> None:
-    """Time the versions in turn, round after round, pooling each one's samples per context; each round starts
-    one version further on (A B C, B C A, ...), so no version always runs first after another or always takes
-    the same turn among a worker's module loads. A version whose timing fails (its timed samples are verified
-    too) drops out with the reason; no evaluation outlives `deadline` (time.monotonic())."""
+    """Time the versions in turn, round after round, keeping each one's samples per context and round; each
+    round starts one live version further on (A B C, B C A, ...), so no version always runs first after another
+    or always takes the same turn among a worker's module loads. A version whose timing fails (its timed
+    samples are verified too) drops out with the reason; no evaluation outlives `deadline` (time.monotonic())."""
     for r in range(rounds):
-        for v in versions[r % len(versions):] + versions[: r % len(versions)]:
-            if not v.ok:
-                continue
+        live = [v for v in versions if v.ok]
+        for v in live[r % len(live):] + live[: r % len(live)] if live else []:
             res = ev.evaluate(v.candidate, check=False, baseline=False, samples=samples, contexts=contexts,
                               deadline=deadline)
             if not res.ok:
@@ -81,7 +82,9 @@ def speedups(versions: list[Version]) -> list[dict]:
             row = {"label": v.label, "ctx": ctx, "median_us": sorted(xs)[len(xs) // 2], "n": len(xs)}
             if v is not first and ctx in first.rounds and v.ok and first.ok:
                 r, lo, hi = grouped_ratio_interval(first.rounds[ctx], v.rounds[ctx])
-                row |= {"ratio": r, "low": lo, "high": hi, "verdict": verdict_of((r, lo, hi))}
+                judged = min(len(first.rounds[ctx]), len(v.rounds[ctx])) >= MIN_ROUNDS
+                row |= {"ratio": r, "low": lo, "high": hi,
+                        "verdict": verdict_of((r, lo, hi)) if judged else f"no verdict: < {MIN_ROUNDS} rounds"}
             rows.append(row)
     return rows
 

@@ -29,7 +29,7 @@ PTXAS_RE = {
     "spill_loads": re.compile(r"(\d+) bytes spill loads"),
     "smem": re.compile(r"(\d+) bytes smem"),
 }
-GMEM_RE = re.compile(r"(\d+) bytes gmem")
+GMEM_RE = re.compile(r"^ptxas info\s*:\s*(\d+) bytes gmem", re.M)   # ptxas' own line, not candidate text
 DEFAULT_ARCH = "sm_90"
 PLACEMENTS = 16   # loads of one build that its evaluations take in turn (Placements)
 GLOBALS_LIMIT = 16 << 20   # bytes of a build's own device globals, which each of its loads allocates again
@@ -72,7 +72,7 @@ def compile_candidate(task: Task, cand: Candidate, arch: str, limits: CompileLim
     knobs = validate(cand)
     options = [*nvrtc_options(arch, build_defines(task, knobs, instruments)), "--ptxas-options=-v"]
     out = compile_cuda(task.prelude(), cand.source, options, limits, track=track)
-    globals_bytes = sum(int(n) for n in GMEM_RE.findall(out.log))
+    globals_bytes = max((int(n) for n in GMEM_RE.findall(out.log)), default=0)
     if out.ok and globals_bytes > GLOBALS_LIMIT:   # a worker holds up to PLACEMENTS loads of a build
         out = out.model_copy(update={"ok": False, "cubin_b64": "", "error": (
             f"the kernel's own device globals take {globals_bytes} bytes (ptxas); at most {GLOBALS_LIMIT} are "

@@ -44,6 +44,8 @@ def test_device_globals_past_the_limit_fail_the_build_since_every_load_allocates
     assert not res.ok and "device globals take" in res.error and "every load" in res.error
     small = compile_only(GEMV, Candidate(source=GEMV.seed_source() + "\n__device__ char ballast[4096];\n"))
     assert small.ok, small.error
+    said = compile_only(GEMV, Candidate(source=GEMV.seed_source() + '\n#warning "keeps 99999999 bytes gmem free"\n'))
+    assert said.ok, said.error   # only ptxas' own line counts, never the candidate's text in the log
 
 
 def test_errors_name_the_candidates_own_lines():

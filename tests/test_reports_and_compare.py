@@ -97,6 +97,34 @@ def test_compare_interleaves_and_judges(tmp_path):
     assert diff_text(a.label, a.candidate, b.label, b.candidate) == "(identical source and knobs)"
 
 
+def test_one_round_of_compare_gives_a_ratio_but_no_verdict(tmp_path):
+    src = "// @knob A 1 {1,2}\nint k;\n"
+    sandbox = FakeSandbox(lambda cand, opts: timed(cand, 100.0 if cand.resolved_knobs()["A"] == 1 else 80.0))
+    versions = [Version("a", Candidate(source=src)), Version("b", Candidate(source=src, knobs={"A": 2}))]
+    rows = run_compare(versions, sandbox, rounds=1, samples=5, console=Console(record=True, width=200))
+    judged = [r for r in rows if "ratio" in r]
+    assert judged and all(r["ratio"] > 1.2 and r["verdict"].startswith("no verdict") for r in judged)
+
+
+def test_a_version_that_drops_out_leaves_the_others_rotating_evenly():
+    src = "// @knob A 1 {1,2,3}\nint k;\n"
+    timings = {"n": 0}
+
+    def script(cand, opts):
+        a = cand.resolved_knobs()["A"]
+        if a == 3 and opts.get("check") is False:
+            timings["n"] += 1
+            if timings["n"] == 1:
+                return failed(cand, FailureClass.timeout)
+        return timed(cand, 100.0)
+
+    sandbox = FakeSandbox(script)
+    versions = [Version(str(a), Candidate(source=src, knobs={"A": a})) for a in (1, 2, 3)]
+    run_compare(versions, sandbox, rounds=4, samples=2, console=Console(record=True, width=200))
+    order = [c.resolved_knobs()["A"] for c, o in sandbox.calls if o.get("check") is False]
+    assert order == [1, 2, 3, 2, 1, 1, 2, 2, 1]   # 3 fails in round 0; then 2 1, 1 2, 2 1
+
+
 def test_reexecute_says_why_a_recorded_version_now_fails(tmp_path):
     trace = load(write_session(tmp_path / "t.jsonl"))
     why = "step seed=7 ctx=3001: tensor out rel_l2=0.19 (max 0.05)"
