@@ -136,8 +136,12 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     if not out.ok:
         return failed_build(key, knobs, out, time.perf_counter() - t0, made is not None), None
     cubin = out.cubin
+
+    def load():
+        return load_kernel(cubin, task.spec.entry, task.spec.declarations)
+
     try:
-        kernel = load_kernel(cubin, task.spec.entry, task.spec.declarations)
+        kernel = load()
     except KernelContractError as e:   # a launch value or declaration the host cannot read: the kernel's fault
         return BuildResult(ok=False, key=key, knobs=knobs, error=str(e), seconds=time.perf_counter() - t0), None
     c = kernel.contract
@@ -153,7 +157,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
             blocks_per_sm=c.blocks_per_sm, blocks_fit_per_sm=fit, grid=driver().sm_count() * c.blocks_per_sm,
         ),
     )
-    placements = Placements(lambda: load_kernel(cubin, task.spec.entry, task.spec.declarations), kernel)
+    placements = Placements(load, kernel)
     cache[key] = (placements, res)
     return res, placements.next()
 
