@@ -165,19 +165,24 @@ def build_table(times: dict[str, dict[str, list[float]]]) -> Table:
     return t
 
 
+def sandbox_cubin(task: KimiTask, source: str, instruments: dict[str, str] | None = None) -> bytes:
+    """The cubin of `source` (with `instruments`) for this GPU, compiled as the sandbox compiles a candidate."""
+    major, minor = torch.cuda.get_device_capability()
+    _, out = compile_candidate(task, Candidate(source=source), f"sm_{major}{minor}", instruments=instruments)
+    if not out.ok:
+        raise SystemExit(f"compile failed{' with ' + str(instruments) if instruments else ''}: {out.error}")
+    return out.cubin
+
+
 def fresh_loads(task: KimiTask, paths: list[str], rounds: int) -> dict[str, dict[str, Placements]]:
     """Per kernel, its plain and stamped builds compiled as the sandbox compiles them, a new load per round."""
-    major, minor = torch.cuda.get_device_capability()
     loads = {}
     for path in paths:
-        cand = Candidate(source=(ROOT / path).read_text())
         loads[path] = {}
         for build, instruments in (("stamped", STAMPED_BUILD), ("plain", None)):
-            _, out = compile_candidate(task, cand, f"sm_{major}{minor}", instruments=instruments)
-            if not out.ok:
-                raise SystemExit(f"{path} ({build}) did not compile: {out.error}")
+            cubin = sandbox_cubin(task, (ROOT / path).read_text(), instruments)
 
-            def load(cubin=out.cubin):
+            def load(cubin=cubin):
                 return load_kernel(cubin, task.spec.entry, task.spec.declarations)
 
             loads[path][build] = Placements(load, load(), count=rounds)

@@ -28,25 +28,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import torch  # noqa: E402
-from kimi_chain_stamps import run_chain  # noqa: E402
+from kimi_chain_stamps import run_chain, sandbox_cubin  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from megakernel_agent.sandbox.build import Placements, compile_candidate  # noqa: E402
-from megakernel_agent.sandbox.candidate import Candidate  # noqa: E402
+from megakernel_agent.sandbox.build import Placements  # noqa: E402
 from megakernel_agent.tasks.cuda_runtime import load_kernel  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.task import KimiTask  # noqa: E402
 
 WAYS = ("fixed", "rotated", "reloaded")
-
-
-def compiled(task: KimiTask, source: str) -> bytes:
-    """The cubin of `source`, compiled once, as the sandbox compiles a candidate."""
-    major, minor = torch.cuda.get_device_capability()
-    _, out = compile_candidate(task, Candidate(source=source), f"sm_{major}{minor}")
-    if not out.ok:
-        raise SystemExit(f"compile failed: {out.error}")
-    return out.cubin
 
 
 def time_way(way: str, task: KimiTask, reference, cubin: bytes, args) -> list[list[float]]:
@@ -103,7 +93,7 @@ def main() -> None:
     reference = task.build_reference(dev, 0)
     source = (ROOT / (args.kernel or task.spec.seed_kernel)).read_text()
     console = Console(width=160)
-    cubin = compiled(task, source)
+    cubin = sandbox_cubin(task, source)
     for way in args.ways:
         console.print(way_table(way, time_way(way, task, reference, cubin, args)))
 
