@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -99,15 +100,25 @@ class Placements:
     cubin (loaded when first needed, then kept), so a build timed again and again runs from several code
     placements rather than one. Where a module's code lies moved the Kimi step by up to 1.3 % at 16K, steadily
     for that load (BENCHMARKS.md, forty-seventh session): one load per build made that a bias between versions
-    that interleaving cannot cancel."""
+    that interleaving cannot cancel.
+
+    A later load that fails ends the turns at the loads held (`lost` says why): the same bytes loaded once
+    already, so the failure is the GPU's (memory taken by other builds), not the build's, and must not fail
+    the evaluation that happened to ask for it."""
 
     def __init__(self, load, first, count: int = PLACEMENTS):
         self._load, self._loads, self._count, self._turn = load, [first], count, 0
+        self.lost: str | None = None
 
     def next(self):
         i = self._turn % self._count
         if i == len(self._loads):
-            self._loads.append(self._load())   # a load that fails leaves the turn where it was
+            try:
+                self._loads.append(self._load())
+            except Exception as e:   # any failure of a load that the first one proved loadable
+                self.lost = f"load {i + 1} of the build failed ({e}); it keeps its {i} load(s)"
+                sys.stderr.write(self.lost + "\n")
+                self._count, i = i, 0
         self._turn += 1
         return self._loads[i]
 

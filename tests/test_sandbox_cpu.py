@@ -60,8 +60,8 @@ def test_a_builds_evaluations_take_its_placements_in_turn_loading_each_once():
     assert loads == ["load 1", "load 2"]   # loaded when first needed, then kept
 
 
-def test_a_load_that_fails_leaves_the_builds_turn_where_it_was():
-    outcomes = iter([RuntimeError("out of memory"), "load 1"])
+def test_a_later_load_that_fails_ends_the_turns_at_the_loads_held():
+    outcomes = iter(["load 1", RuntimeError("out of memory")])
 
     def load():
         got = next(outcomes)
@@ -69,11 +69,10 @@ def test_a_load_that_fails_leaves_the_builds_turn_where_it_was():
             raise got
         return got
 
-    placements = Placements(load, "first", count=2)
-    assert placements.next() == "first"
-    with pytest.raises(RuntimeError, match="out of memory"):
-        placements.next()
-    assert [placements.next() for _ in range(3)] == ["load 1", "first", "load 1"]
+    placements = Placements(load, "first", count=4)
+    got = [placements.next() for _ in range(6)]
+    assert got == ["first", "load 1", "first", "load 1", "first", "load 1"]   # the evaluation asking still runs
+    assert "load 3 of the build failed (out of memory)" in placements.lost
 
 
 def test_eval_result_round_trips_through_json():
