@@ -1,5 +1,7 @@
 """The keep/revert rule, stated once: a candidate replaces the best only if it is correct and faster
-beyond noise at every timed context."""
+beyond noise at every timed context. The interval resamples evaluations, then samples within them: an
+evaluation runs one module load, and where its code lies biases all of its samples alike (BENCHMARKS.md,
+forty-seventh session), so pooling them would count one placement as many independent draws."""
 
 from __future__ import annotations
 
@@ -7,12 +9,13 @@ import math
 
 from pydantic import BaseModel
 
-from megakernel_agent.sandbox.stats import ratio_interval
+from megakernel_agent.sandbox.stats import rule_interval
 from megakernel_agent.traces.results import EvalResult
 
 MIN_GAIN = 0.01
-RULE = (f"keep iff every check passed, the 95% bootstrap interval of best/candidate median time lies above "
-        f"1.0 at every timed context, and the geometric-mean ratio is at least {1 + MIN_GAIN:.2f}")
+RULE = (f"keep iff every check passed, the 95% bootstrap interval of best/candidate median time (resampling "
+        f"evaluations, then samples within each) lies above 1.0 at every timed context, and the geometric-mean "
+        f"ratio is at least {1 + MIN_GAIN:.2f}")
 
 
 class Verdict(BaseModel):
@@ -31,7 +34,7 @@ def judge(best: EvalResult, cand: EvalResult) -> Verdict:
         ref = next((b for b in best.timings if b.ctx == t.ctx), None)
         if ref is None:
             return Verdict(kept=False, reason=f"best has no timing at ctx {t.ctx}")
-        r, lo, hi = ratio_interval(ref.samples_us, t.samples_us)
+        r, lo, hi = rule_interval(ref.groups(), t.groups())
         ratios.append(r)
         lows.append(lo)
         highs.append(hi)

@@ -540,7 +540,8 @@ class Session:
         version = Version(pid, planned.source, planned.knobs, res) if kept else self.best
         self.record(Decision(id=pid, kept=kept, rule=RULE, reason=verdict.reason, ratio=verdict.ratio,
                              ratio_low=verdict.low, ratio_high=verdict.high,
-                             prediction=planned.predicted_change, outcome=outcome, best_id=version.id, gpu=gpu))
+                             prediction=planned.predicted_change, outcome=outcome, best_id=version.id, gpu=gpu,
+                             by_evaluation=True))
         self.results[pid] = res
         self.archive.add(archived(pid, parent_id, planned.name, planned.hypothesis, cand.source_sha,
                                   "kept" if kept else failure.cls.value,
@@ -624,11 +625,12 @@ class Session:
 
 
 def _merge_timings(base: EvalResult, extra: list[EvalResult]) -> EvalResult:
-    """Pool the timing samples of several evaluations of one version, per context."""
+    """Pool the timing samples of several evaluations of one version, per context, keeping which evaluation (one
+    module load each) gave which (TimingResult.load_groups), as the keep rule resamples them by evaluation."""
     merged = base.model_copy(deep=True)
     for t in merged.timings:
-        for r in extra:
-            t.samples_us += next((x.samples_us for x in r.timings if x.ctx == t.ctx), [])
+        groups = t.groups() + [x.samples_us for r in extra for x in r.timings if x.ctx == t.ctx]
+        t.samples_us, t.load_groups = [x for g in groups for x in g], [len(g) for g in groups]
         t.median_us = statistics.median(t.samples_us)
     return merged
 

@@ -57,6 +57,15 @@ def grouped_ratio_interval(
     return _interval(draw(a), draw(b), point, level, resamples, seed)
 
 
+def rule_interval(a: list[list[float]], b: list[list[float]], by_evaluation: bool = True
+                  ) -> tuple[float, float, float]:
+    """The keep rule's interval of median(a)/median(b) for samples grouped by evaluation: grouped (two-stage),
+    or pooled as the rule drew it before the forty-eighth session (`by_evaluation=False`, for old traces)."""
+    if by_evaluation:
+        return grouped_ratio_interval(a, b)
+    return ratio_interval([x for g in a for x in g], [x for g in b for x in g])
+
+
 def verdict_of(interval: tuple[float, float, float], min_gain: float = 0.01) -> str:
     """'faster' / 'slower' only if the interval of a/b excludes 1 by min_gain, else 'within noise'."""
     _, lo, hi = interval

@@ -240,3 +240,34 @@ def test_tuner_profiles_its_base_and_moves_on_to_the_next_fastest_version(tmp_pa
     assert profiled[0] == "seed" and len(profiled) >= 2                   # later bases are profiled too
     assert any(p.parent_id != "seed" for p in proposals)                  # a version that was not kept as base
     assert summary.kept == 0 and "two-value" in summary.reason
+
+
+@pytest.mark.parametrize("gain, kept", [(0.015, False), (0.06, True)])
+def test_the_keep_rule_resamples_evaluations_whole_so_one_placement_cannot_pass_as_many_draws(tmp_path, gain, kept):
+    """Each evaluation runs one module load whose placement biases all its samples alike (here ±1 %, steadily):
+    a 1.5 % gain sits inside that spread and is not kept, though its pooled samples would clear the rule."""
+    from megakernel_agent.sandbox.stats import rule_interval
+    from megakernel_agent.traces.timings import judgements
+
+    placement = {"": iter([0.0, 0.01, -0.01]), "cand": iter([0.0, 0.01, -0.01])}
+
+    def script(cand, _opts):
+        tag = cand.source[len(SRC):]
+        return timed(cand, 100.0 * (1 - (gain if tag else 0.0)) * (1 + next(placement[tag])), noise=0.0005)
+
+    s = session(tmp_path, Scripted([("cand", {})]), script)
+    s.run()
+    trace = load(tmp_path / "trace.jsonl")
+    decision = next(e for e in trace.events if e.type == "decision")
+    assert decision.kept == kept and decision.by_evaluation
+    judged = judgements(trace)[decision.id]
+    assert min(lo for _, lo, _ in judged.ratios.values()) == pytest.approx(decision.ratio_low)
+    if not kept:   # the same samples pooled would have passed: a confirmed decision judged three loads a side
+        evaluations = [e.result for e in trace.events if e.type in ("measure", "evaluate")]
+        by_side = [[r.timings[0].samples_us for r in evaluations if (r.key == evaluations[0].key) == best]
+                   for best in (True, False)]
+        assert len(by_side[0]) == len(by_side[1]) == 3
+        assert rule_interval(*by_side, by_evaluation=False)[1] > 1.0 > rule_interval(*by_side)[1]
+    else:
+        best = s.results[decision.id].timings[0]
+        assert best.load_groups == [7, 7, 7] and len(best.groups()) == 3

@@ -179,3 +179,14 @@ def test_a_stop_recorded_as_a_planner_error_by_older_writers_reads_as_planner_fi
     stop = load(path).events[-2]
     assert stop.type == "planner_finished" and stop.message == "the model finished: done"
     assert not [e for e in load(path).events if e.type == "planner_error"]
+
+
+def test_a_timings_load_groups_split_its_samples_and_must_cover_them():
+    from pydantic import ValidationError
+
+    from .trace_fixtures import timing
+
+    t = timing(2048, 200.0).model_copy(update={"load_groups": [2, 3]})
+    assert t.groups() == [t.samples_us[:2], t.samples_us[2:]] and timing(2048, 200.0).groups() == [t.samples_us]
+    with pytest.raises(ValidationError, match="do not add up"):
+        type(t).model_validate(t.model_dump() | {"load_groups": [2, 2]})

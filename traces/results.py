@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import Enum
+from itertools import accumulate
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class FailureClass(str, Enum):
@@ -115,6 +116,22 @@ class TimingResult(BaseModel):
     baseline_samples_us: list[float] = []
     speedup: float | None = None
     sample_checks: list[SampleCheck] = Field([], description="per timed sample of a candidate: its verification")
+    load_groups: list[int] = Field([], description="where several evaluations' samples are pooled (a confirmed "
+                                   "version): how many of samples_us each gave, in order; each evaluation ran one "
+                                   "module load, whose code placement biases its samples alike. Empty: one")
+
+    @model_validator(mode="after")
+    def _groups_cover_the_samples(self) -> TimingResult:
+        if self.load_groups and sum(self.load_groups) != len(self.samples_us):
+            raise ValueError(f"load_groups {self.load_groups} do not add up to the {len(self.samples_us)} samples")
+        return self
+
+    def groups(self) -> list[list[float]]:
+        """samples_us split by the evaluation (one module load) each came from."""
+        if not self.load_groups:
+            return [list(self.samples_us)]
+        ends = list(accumulate(self.load_groups))
+        return [self.samples_us[end - n:end] for n, end in zip(self.load_groups, ends, strict=True)]
 
 
 class LaunchCount(BaseModel):

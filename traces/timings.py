@@ -2,7 +2,8 @@
 trace alone.
 
 A version's figure pools its first timing with its interleaved confirmation re-timings
-(`<id>~confirm-candidate-<n>`): the samples the session decided on, and for a kept version the samples it
+(`<id>~confirm-candidate-<n>`), each kept as a group of its own (one module load): the samples the session
+decided on, and for a kept version the samples it
 judged later candidates against and put in its closing line. Speedups divide one baseline, the one timed
 with the starting kernel: every worker times the PyTorch baseline again and those timings drift, so dividing
 each version by its own worker's would mix the baseline's drift into the kernel's progress.
@@ -14,7 +15,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from megakernel_agent.sandbox.stats import ratio_interval
+from megakernel_agent.sandbox.stats import rule_interval
 
 from .loader import Trace
 from .results import EvalResult
@@ -25,12 +26,16 @@ BEST_ON = re.compile(r"(?P<vid>[^~]+)~best-on-.+")   # the best timed on a GPU i
 
 @dataclass
 class Timing:
-    """A version's pooled samples per context, its first evaluation (whose roofline fraction scales to the pooled
-    median), and how many re-timings it pools."""
+    """A version's samples per context grouped by evaluation (its first, then each re-timing), its first
+    evaluation (whose roofline fraction scales to the pooled median), and how many re-timings it pools."""
 
-    samples: dict[int, list[float]]
+    groups: dict[int, list[list[float]]]
     first: EvalResult
     retimings: int = 0
+
+    @property
+    def samples(self) -> dict[int, list[float]]:
+        return {ctx: [x for g in gs for x in g] for ctx, gs in self.groups.items()}
 
     def median(self, ctx: int) -> float | None:
         return statistics.median(self.samples[ctx]) if self.samples.get(ctx) else None
@@ -64,14 +69,15 @@ class Baseline:
 @dataclass
 class Judgement:
     """A decision's comparison recomputed per context: the best then (`against`) / this version, with a 95%
-    bootstrap interval, on the samples the decision used (sandbox.stats.ratio_interval, as the rule does)."""
+    bootstrap interval, on the samples the decision used, drawn as its rule drew them (sandbox.stats.rule_interval:
+    by evaluation, or pooled in traces before the forty-eighth session)."""
 
     against: str
     ratios: dict[int, tuple[float, float, float]]
 
 
-def _samples(result: EvalResult) -> dict[int, list[float]]:
-    return {t.ctx: list(t.samples_us) for t in result.timings}
+def _groups(result: EvalResult) -> dict[int, list[list[float]]]:
+    return {t.ctx: t.groups() for t in result.timings}
 
 
 def _retimings(trace: Trace) -> dict[tuple[str, str], list[EvalResult]]:
@@ -84,21 +90,22 @@ def _retimings(trace: Trace) -> dict[tuple[str, str], list[EvalResult]]:
     return out
 
 
-def _pooled(first: dict[int, list[float]], extra: list[EvalResult]) -> dict[int, list[float]]:
-    return {ctx: s + [x for r in extra for t in r.timings if t.ctx == ctx for x in t.samples_us]
-            for ctx, s in first.items()}
+def _with(first: dict[int, list[list[float]]], extra: list[EvalResult]) -> dict[int, list[list[float]]]:
+    """`first`'s groups followed by each re-timing's samples as a group of its own, per context."""
+    return {ctx: gs + [t.samples_us for r in extra for t in r.timings if t.ctx == ctx]
+            for ctx, gs in first.items()}
 
 
 def of_record(trace: Trace) -> dict[str, Timing]:
     """The starting kernel's and every timed attempt's timing of record, by id."""
     out = {}
     if trace.measure and trace.measure.result.timings:
-        out[trace.measure.id] = Timing(_samples(trace.measure.result), trace.measure.result)
+        out[trace.measure.id] = Timing(_groups(trace.measure.result), trace.measure.result)
     retimed = _retimings(trace)
     for a in trace.attempts():
         if a.evaluate and a.evaluate.result.timings:
             extra = retimed.get((a.proposal.id, "candidate"), [])
-            out[a.proposal.id] = Timing(_pooled(_samples(a.evaluate.result), extra), a.evaluate.result, len(extra))
+            out[a.proposal.id] = Timing(_with(_groups(a.evaluate.result), extra), a.evaluate.result, len(extra))
     return out
 
 
@@ -107,23 +114,23 @@ def judgements(trace: Trace) -> dict[str, Judgement]:
     samples the session held for its best then on the decision's GPU (a resumed session re-measures the best and
     judges against that; a GPU the best was not timed on gets it timed there first, `<id>~best-on-<lane>`)."""
     records, retimed = of_record(trace), _retimings(trace)
-    best_on = {m["vid"]: _samples(e.result) for e in trace.events
+    best_on = {m["vid"]: _groups(e.result) for e in trace.events
                if e.type == "evaluate" and e.result.ok and (m := BEST_ON.fullmatch(e.id))}
     best, references = "", {}   # the best, and its samples per GPU
     out = {}
     for e in trace.events:
         if e.type == "measure" and e.result.timings:
-            best, references = e.id.split("@")[0], {e.gpu: _samples(e.result)}
+            best, references = e.id.split("@")[0], {e.gpu: _groups(e.result)}
         elif e.type == "decision" and e.id in records:
             if e.id in best_on:
                 references[e.gpu] = best_on[e.id]
             reference = references.get(e.gpu)
             if e.ratio is not None and reference:
-                ref = _pooled(reference, retimed.get((e.id, "best"), []))
-                out[e.id] = Judgement(best, {ctx: ratio_interval(ref[ctx], s)
-                                             for ctx, s in records[e.id].samples.items() if ref.get(ctx)})
+                ref = _with(reference, retimed.get((e.id, "best"), []))
+                out[e.id] = Judgement(best, {ctx: rule_interval(ref[ctx], gs, e.by_evaluation)
+                                             for ctx, gs in records[e.id].groups.items() if ref.get(ctx)})
             if e.kept:
-                best, references = e.id, {e.gpu: records[e.id].samples}
+                best, references = e.id, {e.gpu: records[e.id].groups}
     return out
 
 
