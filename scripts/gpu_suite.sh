@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -232,6 +232,12 @@ for step in "$@"; do
                # has since taken MERGE_ACC 1 as its ACC_COUNT path (3138dc0)
       knob_experiment traces/examples/kimi-merge-acc/merge-acc.patch mergeacc MERGE_ACC=0,MERGE_W_EARLY=0 \
         MERGE_ACC=1,MERGE_W_EARLY=0 MERGE_ACC=0,MERGE_W_EARLY=1 MERGE_ACC=1,MERGE_W_EARLY=1 ;;
+    kdapairs)  # the KDA projections' K in slices of two whole chunks (kda-pairs.patch, KDA_PAIRS; 48th session): the
+               # seed, the patch at 0 (control, the seed's cubin) and at 1, interleaved at 2K and 16K, then the 2K
+               # timelines of the seed and KDA_PAIRS 1
+      COMPARE_S=${COMPARE_S:-330} knob_experiment traces/examples/kimi-kda-pairs/kda-pairs.patch kdapairs KDA_PAIRS=0 KDA_PAIRS=1 ;;
+    kdapairschecks)  # with kda-pairs.patch as the seed: the kernel's GPU tests and upstream check.py
+      seed_checks kdapairs traces/examples/kimi-kda-pairs/kda-pairs.patch ;;
     mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
               # 45th session), in one call, most needed first: the seed, the patch at 0 (control) and at 1,
               # interleaved at 2K and 16K; with the patch as the seed, the kernel's GPU tests and upstream check.py;
