@@ -16,11 +16,12 @@ from megakernel_agent.sandbox.report import check_summary
 from megakernel_agent.sandbox.stats import grouped_ratio_interval, verdict_of
 from megakernel_agent.tasks.base import Task
 from megakernel_agent.traces.diffs import diff_text
+from megakernel_agent.traces.results import by_load
 
 from .errors import BadInput
 from .preflight import check_kernel, load_trace, parse_knob, read_kernel
 
-MIN_ROUNDS = 2   # one round is one module load a side: its interval cannot see the load's own bias
+MIN_ROUNDS = 2   # rounds of distinct loads a side: one load's interval cannot see the load's own bias
 
 
 @dataclass
@@ -29,11 +30,17 @@ class Version:
     candidate: Candidate
     check: str = ""
     ok: bool = False
-    rounds: dict[int, list[list[float]]] = field(default_factory=dict)   # per context, each round's samples
+    loaded: dict[int, list[tuple[str, float]]] = field(default_factory=dict)   # per context, (load, sample)
 
     @property
     def samples(self) -> dict[int, list[float]]:
-        return {ctx: [x for r in rs for x in r] for ctx, rs in self.rounds.items()}
+        return {ctx: [x for _, x in pairs] for ctx, pairs in self.loaded.items()}
+
+    @property
+    def rounds(self) -> dict[int, list[list[float]]]:
+        """Per context, the samples grouped by module load: one group per round, unless rounds shared a load
+        (a build timed more often than the worker keeps loads of it)."""
+        return {ctx: by_load(pairs) for ctx, pairs in self.loaded.items()}
 
 
 def parse_version(spec: str, task: Task) -> Version:
@@ -67,24 +74,25 @@ def interleave(ev, versions: list[Version], rounds: int, samples: int, contexts:
             if not res.ok:
                 v.ok, v.check = False, f"timing failed: {res.failure.cls.value}: {res.failure.message}"
             for t in res.timings:
-                v.rounds.setdefault(t.ctx, []).append(t.samples_us)
+                v.loaded.setdefault(t.ctx, []).extend(res.loaded_samples(t.ctx, f"{v.label} round {r}"))
             if on_result is not None:
                 on_result(v, res)
 
 
 def speedups(versions: list[Version]) -> list[dict]:
     """Per version and context: median µs, samples, and vs the first version the ratio, interval (resampling
-    rounds, then samples: a round's samples share one module load) and verdict."""
+    loads, then samples: a round's samples share one module load) and verdict."""
     rows = []
     first = versions[0]
     for v in versions:
         for ctx, xs in sorted(v.samples.items()):
             row = {"label": v.label, "ctx": ctx, "median_us": sorted(xs)[len(xs) // 2], "n": len(xs)}
             if v is not first and ctx in first.rounds and v.ok and first.ok:
-                r, lo, hi = grouped_ratio_interval(first.rounds[ctx], v.rounds[ctx])
-                judged = min(len(first.rounds[ctx]), len(v.rounds[ctx])) >= MIN_ROUNDS
+                a, b = first.rounds[ctx], v.rounds[ctx]
+                r, lo, hi = grouped_ratio_interval(a, b)
+                judged = min(len(a), len(b)) >= MIN_ROUNDS
                 row |= {"ratio": r, "low": lo, "high": hi,
-                        "verdict": verdict_of((r, lo, hi)) if judged else f"no verdict: < {MIN_ROUNDS} rounds"}
+                        "verdict": verdict_of((r, lo, hi)) if judged else f"no verdict: < {MIN_ROUNDS} loads"}
             rows.append(row)
     return rows
 

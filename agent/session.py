@@ -553,7 +553,8 @@ class Session:
 
     def _confirm(self, pid: str, lane: Lane, gpu: str, cand: Candidate, res: EvalResult, best_here: EvalResult
                  ) -> tuple[Verdict, Failure | None]:
-        """A first win is re-timed interleaved with the best (A B B A) on the same lane, so drift cannot fake a gain.
+        """A first win is re-timed interleaved with the best (A B B A) on the same lane, so drift cannot fake a gain,
+        each timing from a module load of its own, so one load's code placement cannot either.
 
         The re-timings are recorded as Evaluate events with ids like `p3~confirm-best-1`. A re-timing that
         fails (a hang, a crash) is the attempt's failure with its own class; when it was the best's re-timing
@@ -583,6 +584,12 @@ class Session:
                 runs.append(r)
         merged_best = _merge_timings(best_here, a)
         merged_cand = _merge_timings(res, b)
+        loads = min((len(t.groups()) for t in merged_cand.timings), default=0)
+        if loads < 1 + len(b):   # its timings shared a module load (later loads ran out of GPU memory)
+            short = Failure(cls=FailureClass.infra, phase="confirm", retryable=True, message=(
+                f"the candidate's {1 + len(b)} timings ran from {loads} distinct module load(s), so its code "
+                f"placement's bias cannot be told from a gain; left for a retry"))
+            return Verdict(kept=False, reason=short.message), short
         verdict = judge(merged_best, merged_cand)
         verdict.reason = "confirmed interleaved: " + verdict.reason
         if verdict.kept:
@@ -625,12 +632,15 @@ class Session:
 
 
 def _merge_timings(base: EvalResult, extra: list[EvalResult]) -> EvalResult:
-    """Pool the timing samples of several evaluations of one version, per context, keeping which evaluation (one
-    module load each) gave which (TimingResult.load_groups), as the keep rule resamples them by evaluation."""
+    """Pool the timing samples of several evaluations of one version, per context, keeping the module load each
+    sample ran from (TimingResult.sample_loads), as the keep rule resamples loads whole. An evaluation whose load
+    was not recorded (a scripted sandbox) counts as a load of its own."""
     merged = base.model_copy(deep=True)
     for t in merged.timings:
-        groups = t.groups() + [x.samples_us for r in extra for x in r.timings if x.ctx == t.ctx]
-        t.samples_us, t.load_groups = [x for g in groups for x in g], [len(g) for g in groups]
+        pairs = base.loaded_samples(t.ctx, "unrecorded 0")
+        for r in extra:   # a label unused so far: the count of samples before this evaluation's
+            pairs += r.loaded_samples(t.ctx, f"unrecorded {len(pairs)}")
+        t.samples_us, t.sample_loads = [x for _, x in pairs], [load for load, _ in pairs]
         t.median_us = statistics.median(t.samples_us)
     return merged
 

@@ -100,14 +100,16 @@ class Placements:
     cubin (loaded when first needed, then kept), so a build timed again and again runs from several code
     placements rather than one. Where a module's code lies moved the Kimi step by up to 1.3 % at 16K, steadily
     for that load (BENCHMARKS.md, forty-seventh session): one load per build made that a bias between versions
-    that interleaving cannot cancel.
+    that interleaving cannot cancel. `last` is the index of the load `next` gave, which the evaluation records
+    (EvalResult.placement), so that samples of one load are judged as one group however they were taken.
 
-    A later load that fails ends the turns at the loads held (`lost` says why): the same bytes loaded once
-    already, so the failure is the GPU's (memory taken by other builds), not the build's, and must not fail
-    the evaluation that happened to ask for it."""
+    A later load that fails with `transient` (out of device memory: the same bytes loaded once already) ends
+    the turns at the loads held (`lost` says why) rather than failing the evaluation that asked; its samples
+    then share a load with earlier ones, and their placement ids say so."""
 
-    def __init__(self, load, first, count: int = PLACEMENTS):
-        self._load, self._loads, self._count, self._turn = load, [first], count, 0
+    def __init__(self, load, first, count: int = PLACEMENTS, transient: type[Exception] | tuple = ()):
+        self._load, self._loads, self._count, self._turn, self._transient = load, [first], count, 0, transient
+        self.last = 0
         self.lost: str | None = None
 
     def next(self):
@@ -115,11 +117,12 @@ class Placements:
         if i == len(self._loads):
             try:
                 self._loads.append(self._load())
-            except Exception as e:   # any failure of a load that the first one proved loadable
+            except self._transient as e:
                 self.lost = f"load {i + 1} of the build failed ({e}); it keeps its {i} load(s)"
                 sys.stderr.write(self.lost + "\n")
                 self._count, i = i, 0
         self._turn += 1
+        self.last = i
         return self._loads[i]
 
 
@@ -130,13 +133,15 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
     With `instruments` (e.g. PHASE_STAMPS=1) the build and its key are the instrumented ones. A build made
     ahead (in the folder `ahead`, under the same key) is loaded instead of compiled again. A build already in
     `cache` comes back as its next placement (Placements)."""
-    from megakernel_agent.tasks.cuda_runtime import KernelContractError, driver, load_kernel
+    from megakernel_agent.tasks.cuda_runtime import CudaOutOfMemory, KernelContractError, driver, load_kernel
 
     t0 = time.perf_counter()
     key = instrumented_key(key, instruments)
     if key in cache:
         placements, facts = cache[key]
-        return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0}), placements.next()
+        kernel = placements.next()
+        return facts.model_copy(update={"cached": True, "seconds": time.perf_counter() - t0,
+                                        "load": placements.last}), kernel
     made = built_ahead(ahead, key) if not instruments else None
     try:
         if made is not None:
@@ -168,7 +173,7 @@ def build_for_device(task: Task, cand: Candidate, arch: str, key: str, cache: di
             blocks_per_sm=c.blocks_per_sm, blocks_fit_per_sm=fit, grid=driver().sm_count() * c.blocks_per_sm,
         ),
     )
-    placements = Placements(load, kernel)
+    placements = Placements(load, kernel, transient=CudaOutOfMemory)
     cache[key] = (placements, res)
     return res, placements.next()
 

@@ -31,6 +31,19 @@ def send(obj: dict) -> None:
     PROTOCOL_OUT.flush()
 
 
+def unexpected_failure(e: Exception, phase: str, context_healthy: bool) -> dict:
+    """Class and retryability of an exception an evaluation did not expect: a CUDA error or a broken context is
+    the candidate's crash; a module load out of memory (the worker's state: every build it holds) and anything
+    else is our side's, retried on a fresh worker."""
+    from megakernel_agent.tasks.cuda_runtime import CudaOutOfMemory
+    from megakernel_agent.traces.results import FailureClass
+
+    short = isinstance(e, CudaOutOfMemory) and phase == "build" and context_healthy
+    cuda_broken = not short and (not context_healthy or "CUDA" in str(e) or "cuda" in type(e).__module__)
+    return {"cls": FailureClass.crash if cuda_broken else FailureClass.infra, "phase": phase,
+            "retryable": not cuda_broken}
+
+
 class Worker:
     def __init__(self, task_name: str, size: str, weight_seed: int, builds: Path | None = None):
         import torch
@@ -125,6 +138,7 @@ class Worker:
             if not build.ok:
                 res.failure = Failure(cls=FailureClass.build, phase="build", message=build.error)
                 return res.model_dump(), False
+            res.placement = f"{os.getpid()}:{key[:16]}:{build.load}"
             enter("check")
             try:
                 model = self._model("candidate", kernel)
@@ -181,9 +195,7 @@ class Worker:
             return res.model_dump(), False
         except Exception as e:  # noqa: BLE001 - classified below; the parent gets a result, never a hang
             detail = f"{type(e).__name__}: {e}"
-            cuda_broken = not self._context_healthy() or "CUDA" in str(e) or "cuda" in type(e).__module__
-            cls = FailureClass.crash if cuda_broken else FailureClass.infra
-            res.failure = Failure(cls=cls, phase=phase, message=detail[:2000], retryable=not cuda_broken)
+            res.failure = Failure(**unexpected_failure(e, phase, self._context_healthy()), message=detail[:2000])
             sys.stderr.write(traceback.format_exc())
             return res.model_dump(), True
         finally:

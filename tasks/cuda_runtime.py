@@ -32,6 +32,7 @@ _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 _CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+_CUDA_ERROR_OUT_OF_MEMORY = 2
 _CUDA_ERROR_NOT_FOUND = 500   # cuModuleGetGlobal: no such symbol
 CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 
@@ -57,6 +58,10 @@ class LaunchConfig(ctypes.Structure):
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; the message names the call and the error."""
+
+
+class CudaOutOfMemory(CudaError):
+    """A driver call ran out of device memory: the GPU's state (what else is allocated), not the call's input."""
 
 
 class KernelContractError(RuntimeError):
@@ -85,7 +90,8 @@ class _Driver:
 
     def check(self, status: int, what: str) -> None:
         if status != 0:
-            raise CudaError(f"{what} failed: {self.error_name(status)}")
+            error = CudaOutOfMemory if status == _CUDA_ERROR_OUT_OF_MEMORY else CudaError
+            raise error(f"{what} failed: {self.error_name(status)}")
 
     def occupancy(self, func: int, threads: int, dyn_smem: int) -> int:
         blocks = ctypes.c_int()

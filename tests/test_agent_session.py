@@ -242,18 +242,30 @@ def test_tuner_profiles_its_base_and_moves_on_to_the_next_fastest_version(tmp_pa
     assert summary.kept == 0 and "two-value" in summary.reason
 
 
+class Loads:
+    """Module loads as a worker hands them out (sandbox.build.Placements): each build's evaluations take its loads
+    in turn, `per_build` of them, so a build evaluated more often runs again from loads it used before."""
+
+    def __init__(self, per_build: int = 16):
+        self.per_build, self.turns = per_build, {}
+
+    def __call__(self, res):
+        n = self.turns[res.key] = self.turns.get(res.key, -1) + 1
+        return res.model_copy(update={"placement": f"worker:{res.key[:8]}:{n % self.per_build}"})
+
+
 @pytest.mark.parametrize("gain, kept", [(0.015, False), (0.06, True)])
-def test_the_keep_rule_resamples_evaluations_whole_so_one_placement_cannot_pass_as_many_draws(tmp_path, gain, kept):
+def test_the_keep_rule_resamples_loads_whole_so_one_placement_cannot_pass_as_many_draws(tmp_path, gain, kept):
     """Each evaluation runs one module load whose placement biases all its samples alike (here ±1 %, steadily):
     a 1.5 % gain sits inside that spread and is not kept, though its pooled samples would clear the rule."""
     from megakernel_agent.sandbox.stats import rule_interval
     from megakernel_agent.traces.timings import judgements
 
-    placement = {"": iter([0.0, 0.01, -0.01]), "cand": iter([0.0, 0.01, -0.01])}
+    placement, loads = {"": iter([0.0, 0.01, -0.01]), "cand": iter([0.0, 0.01, -0.01])}, Loads()
 
     def script(cand, _opts):
         tag = cand.source[len(SRC):]
-        return timed(cand, 100.0 * (1 - (gain if tag else 0.0)) * (1 + next(placement[tag])), noise=0.0005)
+        return loads(timed(cand, 100.0 * (1 - (gain if tag else 0.0)) * (1 + next(placement[tag])), noise=0.0005))
 
     s = session(tmp_path, Scripted([("cand", {})]), script)
     s.run()
@@ -270,4 +282,39 @@ def test_the_keep_rule_resamples_evaluations_whole_so_one_placement_cannot_pass_
         assert rule_interval(*by_side, by_evaluation=False)[1] > 1.0 > rule_interval(*by_side)[1]
     else:
         best = s.results[decision.id].timings[0]
-        assert best.load_groups == [7, 7, 7] and len(best.groups()) == 3
+        assert len(set(best.sample_loads)) == 3 and len(best.groups()) == 3
+
+
+def test_a_win_whose_timings_shared_one_module_load_is_not_kept_but_left_for_a_retry(tmp_path):
+    """A worker short of memory reuses a build's loads (Placements): the candidate's three timings then share one
+    placement, whose bias the rule could not see, so the confirmation gives no verdict."""
+    def script(cand, _opts):
+        res = timed(cand, 100.0 if cand.source == SRC else 90.0)
+        return res.model_copy(update={"placement": f"worker:{res.key[:8]}:0"})
+
+    s = session(tmp_path, Scripted([("fast", {})]), script)
+    s.run()
+    trace = load(tmp_path / "trace.jsonl")
+    (attempt,) = trace.attempts()
+    assert not attempt.decision.kept and attempt.failure.failure.cls == FailureClass.infra
+    assert attempt.failure.failure.retryable and "1 distinct module load" in attempt.failure.failure.message
+
+
+def test_the_report_recomputes_every_decision_against_a_best_whose_loads_repeat(tmp_path):
+    """Several kept versions, each judged later against a confirmed best whose re-timings come back to loads it
+    used before (3 loads per build): the report's intervals are the decisions' own, grouped by load."""
+    from megakernel_agent.traces.timings import judgements
+
+    loads = Loads(per_build=3)
+    s = session(tmp_path, TunerPlanner(seed=0), lambda cand, opts: loads(synthetic(cand, opts)))
+    s.run()
+    trace = load(tmp_path / "trace.jsonl")
+    decided = [a.decision for a in trace.attempts() if a.decision and a.decision.ratio is not None]
+    assert sum(d.kept for d in decided) >= 3
+    judged = judgements(trace)
+    for d in decided:
+        ratios = judged[d.id].ratios.values()
+        assert (min(lo for _, lo, _ in ratios), max(hi for *_, hi in ratios)) == (
+            pytest.approx(d.ratio_low), pytest.approx(d.ratio_high))
+    kept = s.results[[d.id for d in decided if d.kept][-1]].timings[0]
+    assert len(kept.groups()) == 3 and len(kept.samples_us) == 21

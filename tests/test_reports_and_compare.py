@@ -106,6 +106,24 @@ def test_one_round_of_compare_gives_a_ratio_but_no_verdict(tmp_path):
     assert judged and all(r["ratio"] > 1.2 and r["verdict"].startswith("no verdict") for r in judged)
 
 
+def test_compare_rounds_that_share_a_module_load_count_as_one():
+    """A worker keeps a bounded number of loads per build; rounds past it run from loads used before, and the
+    interval must not count them as new placements."""
+    src = "// @knob A 1 {1,2}\nint k;\n"
+    turns = {}
+
+    def script(cand, opts):
+        res = timed(cand, 100.0 if cand.resolved_knobs()["A"] == 1 else 80.0, seed=len(sandbox.calls))
+        turns[res.key] = turns.get(res.key, -1) + 1
+        return res.model_copy(update={"placement": f"w:{res.key[:8]}:{turns[res.key] % 2}"})
+
+    sandbox = FakeSandbox(script)
+    versions = [Version("a", Candidate(source=src)), Version("b", Candidate(source=src, knobs={"A": 2}))]
+    rows = run_compare(versions, sandbox, rounds=4, samples=2, console=Console(record=True, width=200))
+    assert len(versions[1].rounds[2048]) == 2 and len(versions[1].samples[2048]) == 4 * 7   # 4 rounds, 2 loads
+    assert all(r["verdict"] == "faster" for r in rows if "ratio" in r)
+
+
 def test_a_version_that_drops_out_leaves_the_others_rotating_evenly():
     src = "// @knob A 1 {1,2,3}\nint k;\n"
     timings = {"n": 0}

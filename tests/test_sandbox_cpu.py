@@ -60,19 +60,42 @@ def test_a_builds_evaluations_take_its_placements_in_turn_loading_each_once():
     assert loads == ["load 1", "load 2"]   # loaded when first needed, then kept
 
 
-def test_a_later_load_that_fails_ends_the_turns_at_the_loads_held():
-    outcomes = iter(["load 1", RuntimeError("out of memory")])
+class OutOfMemory(RuntimeError):
+    pass
+
+
+def scripted_loads(*outcomes):
+    """A load function that returns or raises `outcomes` in turn, and the list of its calls."""
+    calls, it = [], iter(outcomes)
 
     def load():
-        got = next(outcomes)
+        calls.append(len(calls) + 1)
+        got = next(it)
         if isinstance(got, Exception):
             raise got
         return got
 
-    placements = Placements(load, "first", count=4)
+    return load, calls
+
+
+@pytest.mark.parametrize("fails_at, held", [(2, ["first"]), (3, ["first", "load 1"])])
+def test_a_later_load_out_of_memory_ends_the_turns_at_the_loads_held(fails_at, held):
+    load, calls = scripted_loads(*["load 1"][:fails_at - 2], OutOfMemory("out of memory"))
+    placements = Placements(load, "first", count=4, transient=OutOfMemory)
     got = [placements.next() for _ in range(6)]
-    assert got == ["first", "load 1", "first", "load 1", "first", "load 1"]   # the evaluation asking still runs
-    assert "load 3 of the build failed (out of memory)" in placements.lost
+    assert got == [held[i % len(held)] for i in range(6)]   # the evaluation asking still runs, from a held load
+    assert len(calls) == fails_at - 1                        # and no load is tried again
+    assert f"load {fails_at} of the build failed (out of memory)" in placements.lost
+    assert placements.last == 5 % len(held)
+
+
+def test_any_other_load_failure_reaches_the_evaluation_and_keeps_the_turn():
+    load, calls = scripted_loads(RuntimeError("CUDA_ERROR_INVALID_IMAGE"), "load 1")
+    placements = Placements(load, "first", count=2, transient=OutOfMemory)
+    assert placements.next() == "first"
+    with pytest.raises(RuntimeError, match="INVALID_IMAGE"):
+        placements.next()
+    assert [placements.next() for _ in range(3)] == ["load 1", "first", "load 1"] and calls == [1, 2]
 
 
 def test_eval_result_round_trips_through_json():
@@ -202,3 +225,17 @@ def test_each_weight_check_uses_a_key_of_its_own_until_the_keys_run_out():
     assert guard.changed(reference=model) == ["reference: w"] and guard.remaining == 0
     with pytest.raises(GuardExhausted):
         guard.changed(reference=model)
+
+
+def test_a_load_out_of_memory_is_our_side_and_any_other_cuda_error_the_candidates_crash():
+    from megakernel_agent.sandbox.worker import unexpected_failure
+    from megakernel_agent.tasks.cuda_runtime import CudaError, CudaOutOfMemory
+
+    oom = CudaOutOfMemory("cuModuleLoadData failed: CUDA_ERROR_OUT_OF_MEMORY (2)")
+    assert unexpected_failure(oom, "build", True) == {"cls": FailureClass.infra, "phase": "build", "retryable": True}
+    assert unexpected_failure(oom, "time", True)["cls"] == FailureClass.crash        # its own allocation at run time
+    assert unexpected_failure(oom, "build", False)["cls"] == FailureClass.crash      # the context is broken
+    illegal = CudaError("cuLaunchKernelEx failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)")
+    assert unexpected_failure(illegal, "check", True) == {"cls": FailureClass.crash, "phase": "check",
+                                                          "retryable": False}
+    assert unexpected_failure(KeyError("x"), "check", True)["cls"] == FailureClass.infra

@@ -181,12 +181,14 @@ def test_a_stop_recorded_as_a_planner_error_by_older_writers_reads_as_planner_fi
     assert not [e for e in load(path).events if e.type == "planner_error"]
 
 
-def test_a_timings_load_groups_split_its_samples_and_must_cover_them():
+def test_a_timings_samples_group_by_the_load_each_ran_from():
     from pydantic import ValidationError
 
     from .trace_fixtures import timing
 
-    t = timing(2048, 200.0).model_copy(update={"load_groups": [2, 3]})
-    assert t.groups() == [t.samples_us[:2], t.samples_us[2:]] and timing(2048, 200.0).groups() == [t.samples_us]
-    with pytest.raises(ValidationError, match="do not add up"):
-        type(t).model_validate(t.model_dump() | {"load_groups": [2, 2]})
+    plain = timing(2048, 200.0)
+    xs = plain.samples_us
+    t = plain.model_copy(update={"sample_loads": ["a", "a", "b", "a", "c"]})
+    assert t.groups() == [[xs[0], xs[1], xs[3]], [xs[2]], [xs[4]]] and plain.groups() == [xs]
+    with pytest.raises(ValidationError, match="4 sample_loads for 5 samples"):
+        type(t).model_validate(t.model_dump() | {"sample_loads": ["a"] * 4})

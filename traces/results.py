@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import Enum
-from itertools import accumulate
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -52,6 +51,8 @@ class BuildResult(BaseModel):
     compiler: str = ""
     confinement: str = Field("", description="how the compiler process was confined (Landlock) or why it was not")
     built_ahead: bool = Field(False, description="compiled on the CPU ahead of its evaluation, not in the worker")
+    load: int = Field(0, description="which of the worker's loads of this build the evaluation ran from "
+                            "(sandbox.build.Placements; 0: the first)")
 
 
 class TensorCheck(BaseModel):
@@ -116,22 +117,27 @@ class TimingResult(BaseModel):
     baseline_samples_us: list[float] = []
     speedup: float | None = None
     sample_checks: list[SampleCheck] = Field([], description="per timed sample of a candidate: its verification")
-    load_groups: list[int] = Field([], description="where several evaluations' samples are pooled (a confirmed "
-                                   "version): how many of samples_us each gave, in order; each evaluation ran one "
-                                   "module load, whose code placement biases its samples alike. Empty: one")
+    sample_loads: list[str] = Field([], description="where several evaluations' samples are pooled (a confirmed "
+                                    "version): the module load (EvalResult.placement) each sample ran from, in "
+                                    "order; one load's code placement biases its samples alike. Empty: one load")
 
     @model_validator(mode="after")
-    def _groups_cover_the_samples(self) -> TimingResult:
-        if self.load_groups and sum(self.load_groups) != len(self.samples_us):
-            raise ValueError(f"load_groups {self.load_groups} do not add up to the {len(self.samples_us)} samples")
+    def _loads_name_every_sample(self) -> TimingResult:
+        if self.sample_loads and len(self.sample_loads) != len(self.samples_us):
+            raise ValueError(f"{len(self.sample_loads)} sample_loads for {len(self.samples_us)} samples")
         return self
 
     def groups(self) -> list[list[float]]:
-        """samples_us split by the evaluation (one module load) each came from."""
-        if not self.load_groups:
-            return [list(self.samples_us)]
-        ends = list(accumulate(self.load_groups))
-        return [self.samples_us[end - n:end] for n, end in zip(self.load_groups, ends, strict=True)]
+        """samples_us grouped by the module load each ran from, loads in order of first use."""
+        return by_load(list(zip(self.sample_loads or [""] * len(self.samples_us), self.samples_us, strict=True)))
+
+
+def by_load(samples: list[tuple[str, float]]) -> list[list[float]]:
+    """(load, sample) pairs grouped by load, in order of first use; samples of one load share its code placement."""
+    groups: dict[str, list[float]] = {}
+    for load, x in samples:
+        groups.setdefault(load, []).append(x)
+    return list(groups.values())
 
 
 class LaunchCount(BaseModel):
@@ -209,6 +215,9 @@ class EvalResult(BaseModel):
     phases: list[PhaseTimeline] = Field([], description="phase timelines of the profiled contexts")
     device: DeviceInfo | None = None
     worker_pid: int | None = None
+    placement: str = Field("", description="the module load the evaluation ran from: worker pid, build key, load "
+                                           "index (sandbox.build.Placements); empty in traces before 2026-12-07's "
+                                           "forty-eighth session, where every evaluation had a load of its own")
 
     @property
     def ok(self) -> bool:
@@ -216,6 +225,15 @@ class EvalResult(BaseModel):
 
     def median_us(self, ctx: int) -> float | None:
         return next((t.median_us for t in self.timings if t.ctx == ctx), None)
+
+    def loaded_samples(self, ctx: int, fallback: str) -> list[tuple[str, float]]:
+        """The timing at `ctx` as (load, sample) pairs: its own sample_loads where it pools several evaluations,
+        else this evaluation's placement for every sample, or `fallback` (unique to this evaluation) where the
+        placement was not recorded."""
+        t = next((t for t in self.timings if t.ctx == ctx), None)
+        if t is None:
+            return []
+        return list(zip(t.sample_loads or [self.placement or fallback] * len(t.samples_us), t.samples_us, strict=True))
 
     def median_by_ctx(self) -> dict[int, float]:
         return {t.ctx: t.median_us for t in self.timings}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from megakernel_agent.sandbox.stats import rule_interval
 
 from .loader import Trace
-from .results import EvalResult
+from .results import EvalResult, by_load
 
 CONFIRM = re.compile(r"(?P<vid>[^~]+)~confirm-(?P<side>best|candidate)-\d+")
 BEST_ON = re.compile(r"(?P<vid>[^~]+)~best-on-.+")   # the best timed on a GPU it had not been timed on
@@ -26,16 +26,22 @@ BEST_ON = re.compile(r"(?P<vid>[^~]+)~best-on-.+")   # the best timed on a GPU i
 
 @dataclass
 class Timing:
-    """A version's samples per context grouped by evaluation (its first, then each re-timing), its first
-    evaluation (whose roofline fraction scales to the pooled median), and how many re-timings it pools."""
+    """A version's samples per context, each with the module load it ran from (its first evaluation's, then each
+    re-timing's), its first evaluation (whose roofline fraction scales to the pooled median), and how many
+    re-timings it pools."""
 
-    groups: dict[int, list[list[float]]]
+    loaded: dict[int, list[tuple[str, float]]]
     first: EvalResult
     retimings: int = 0
 
     @property
     def samples(self) -> dict[int, list[float]]:
-        return {ctx: [x for g in gs for x in g] for ctx, gs in self.groups.items()}
+        return {ctx: [x for _, x in pairs] for ctx, pairs in self.loaded.items()}
+
+    @property
+    def groups(self) -> dict[int, list[list[float]]]:
+        """The samples per context grouped by load, as the keep rule draws them."""
+        return {ctx: by_load(pairs) for ctx, pairs in self.loaded.items()}
 
     def median(self, ctx: int) -> float | None:
         return statistics.median(self.samples[ctx]) if self.samples.get(ctx) else None
@@ -76,36 +82,42 @@ class Judgement:
     ratios: dict[int, tuple[float, float, float]]
 
 
-def _groups(result: EvalResult) -> dict[int, list[list[float]]]:
-    return {t.ctx: t.groups() for t in result.timings}
+Loaded = dict[int, list[tuple[str, float]]]
 
 
-def _retimings(trace: Trace) -> dict[tuple[str, str], list[EvalResult]]:
-    """Confirmation re-timings by (candidate id, side); a failed one never reached the decision."""
-    out: dict[tuple[str, str], list[EvalResult]] = {}
+def _loaded(label: str, result: EvalResult) -> Loaded:
+    """`result`'s samples per context with their loads (`label`, its event's id, where none was recorded)."""
+    return {t.ctx: result.loaded_samples(t.ctx, label) for t in result.timings}
+
+
+def _retimings(trace: Trace) -> dict[tuple[str, str], list[tuple[str, EvalResult]]]:
+    """Confirmation re-timings (event id, result) by (candidate id, side); a failed one never reached the
+    decision."""
+    out: dict[tuple[str, str], list[tuple[str, EvalResult]]] = {}
     for e in trace.events:
         m = CONFIRM.fullmatch(e.id) if e.type == "evaluate" else None
         if m and e.result.ok:
-            out.setdefault((m["vid"], m["side"]), []).append(e.result)
+            out.setdefault((m["vid"], m["side"]), []).append((e.id, e.result))
     return out
 
 
-def _with(first: dict[int, list[list[float]]], extra: list[EvalResult]) -> dict[int, list[list[float]]]:
-    """`first`'s groups followed by each re-timing's samples as a group of its own, per context."""
-    return {ctx: gs + [t.samples_us for r in extra for t in r.timings if t.ctx == ctx]
-            for ctx, gs in first.items()}
+def _with(first: Loaded, extra: list[tuple[str, EvalResult]]) -> Loaded:
+    """`first`'s samples followed by each re-timing's, per context."""
+    return {ctx: pairs + [p for label, r in extra for p in r.loaded_samples(ctx, label)]
+            for ctx, pairs in first.items()}
 
 
 def of_record(trace: Trace) -> dict[str, Timing]:
     """The starting kernel's and every timed attempt's timing of record, by id."""
     out = {}
     if trace.measure and trace.measure.result.timings:
-        out[trace.measure.id] = Timing(_groups(trace.measure.result), trace.measure.result)
+        out[trace.measure.id] = Timing(_loaded(trace.measure.id, trace.measure.result), trace.measure.result)
     retimed = _retimings(trace)
     for a in trace.attempts():
         if a.evaluate and a.evaluate.result.timings:
             extra = retimed.get((a.proposal.id, "candidate"), [])
-            out[a.proposal.id] = Timing(_with(_groups(a.evaluate.result), extra), a.evaluate.result, len(extra))
+            out[a.proposal.id] = Timing(_with(_loaded(a.evaluate.id, a.evaluate.result), extra), a.evaluate.result,
+                                        len(extra))
     return out
 
 
@@ -114,23 +126,23 @@ def judgements(trace: Trace) -> dict[str, Judgement]:
     samples the session held for its best then on the decision's GPU (a resumed session re-measures the best and
     judges against that; a GPU the best was not timed on gets it timed there first, `<id>~best-on-<lane>`)."""
     records, retimed = of_record(trace), _retimings(trace)
-    best_on = {m["vid"]: _groups(e.result) for e in trace.events
+    best_on = {m["vid"]: _loaded(e.id, e.result) for e in trace.events
                if e.type == "evaluate" and e.result.ok and (m := BEST_ON.fullmatch(e.id))}
     best, references = "", {}   # the best, and its samples per GPU
     out = {}
     for e in trace.events:
         if e.type == "measure" and e.result.timings:
-            best, references = e.id.split("@")[0], {e.gpu: _groups(e.result)}
+            best, references = e.id.split("@")[0], {e.gpu: _loaded(e.id, e.result)}
         elif e.type == "decision" and e.id in records:
             if e.id in best_on:
                 references[e.gpu] = best_on[e.id]
             reference = references.get(e.gpu)
             if e.ratio is not None and reference:
                 ref = _with(reference, retimed.get((e.id, "best"), []))
-                out[e.id] = Judgement(best, {ctx: rule_interval(ref[ctx], gs, e.by_evaluation)
+                out[e.id] = Judgement(best, {ctx: rule_interval(by_load(ref[ctx]), gs, e.by_evaluation)
                                              for ctx, gs in records[e.id].groups.items() if ref.get(ctx)})
             if e.kept:
-                best, references = e.id, {e.gpu: records[e.id].groups}
+                best, references = e.id, {e.gpu: records[e.id].loaded}
     return out
 
 
