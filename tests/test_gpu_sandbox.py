@@ -95,6 +95,15 @@ def test_knob_variant_is_a_different_build_and_correct(pool):
     assert a.ok and b.ok and a.key != b.key and a.knobs["KSPLIT"] == 16
 
 
+def test_each_evaluation_of_a_build_records_the_load_it_ran_from(pool):
+    cand = Candidate(source=SEED, knobs={"KSPLIT": 16})
+    runs = [pool.evaluate(cand, check=False, baseline=False, samples=3) for _ in range(3)]
+    assert all(r.ok for r in runs), [r.failure for r in runs]
+    pids, keys, loads = zip(*(r.placement.split(":") for r in runs), strict=True)
+    assert len(set(pids)) == 1 and len(set(keys)) == 1 and len(set(loads)) == 3   # one worker, three loads
+    assert [int(x) for x in loads] == sorted(int(x) for x in loads)
+
+
 def test_two_loads_of_one_cubin_are_two_modules_that_compute_the_same_bits():
     import gc
     import weakref
