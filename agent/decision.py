@@ -1,7 +1,7 @@
 """The keep/revert rule, stated once: a candidate replaces the best only if it is correct and faster
-beyond noise at every timed context. The interval resamples evaluations, then samples within them: an
-evaluation runs one module load, and where its code lies biases all of its samples alike (BENCHMARKS.md,
-forty-seventh session), so pooling them would count one placement as many independent draws."""
+beyond noise at every timed context. The interval resamples module loads, then samples within them: where a
+load's code lies biases all of its samples alike (BENCHMARKS.md, forty-seventh session), so pooling them would
+count one placement as many independent draws."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from megakernel_agent.traces.results import EvalResult
 
 MIN_GAIN = 0.01
 RULE = (f"keep iff every check passed, the 95% bootstrap interval of best/candidate median time (resampling "
-        f"evaluations, then samples within each) lies above 1.0 at every timed context, and the geometric-mean "
+        f"module loads, then samples within each) lies above 1.0 at every timed context, and the geometric-mean "
         f"ratio is at least {1 + MIN_GAIN:.2f}")
 
 

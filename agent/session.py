@@ -541,7 +541,7 @@ class Session:
         self.record(Decision(id=pid, kept=kept, rule=RULE, reason=verdict.reason, ratio=verdict.ratio,
                              ratio_low=verdict.low, ratio_high=verdict.high,
                              prediction=planned.predicted_change, outcome=outcome, best_id=version.id, gpu=gpu,
-                             by_evaluation=True))
+                             by_load=True))
         self.results[pid] = res
         self.archive.add(archived(pid, parent_id, planned.name, planned.hypothesis, cand.source_sha,
                                   "kept" if kept else failure.cls.value,

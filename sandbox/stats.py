@@ -57,11 +57,11 @@ def grouped_ratio_interval(
     return _interval(draw(a), draw(b), point, level, resamples, seed)
 
 
-def rule_interval(a: list[list[float]], b: list[list[float]], by_evaluation: bool = True
+def rule_interval(a: list[list[float]], b: list[list[float]], by_load: bool = True
                   ) -> tuple[float, float, float]:
-    """The keep rule's interval of median(a)/median(b) for samples grouped by evaluation: grouped (two-stage),
-    or pooled as the rule drew it before the forty-eighth session (`by_evaluation=False`, for old traces)."""
-    if by_evaluation:
+    """The keep rule's interval of median(a)/median(b) for samples grouped by module load: grouped (two-stage),
+    or pooled as the rule drew it before the forty-eighth session (`by_load=False`, for old traces)."""
+    if by_load:
         return grouped_ratio_interval(a, b)
     return ratio_interval([x for g in a for x in g], [x for g in b for x in g])
 

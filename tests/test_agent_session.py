@@ -271,7 +271,7 @@ def test_the_keep_rule_resamples_loads_whole_so_one_placement_cannot_pass_as_man
     s.run()
     trace = load(tmp_path / "trace.jsonl")
     decision = next(e for e in trace.events if e.type == "decision")
-    assert decision.kept == kept and decision.by_evaluation
+    assert decision.kept == kept and decision.by_load
     judged = judgements(trace)[decision.id]
     assert min(lo for _, lo, _ in judged.ratios.values()) == pytest.approx(decision.ratio_low)
     if not kept:   # the same samples pooled would have passed: a confirmed decision judged three loads a side
@@ -279,7 +279,7 @@ def test_the_keep_rule_resamples_loads_whole_so_one_placement_cannot_pass_as_man
         by_side = [[r.timings[0].samples_us for r in evaluations if (r.key == evaluations[0].key) == best]
                    for best in (True, False)]
         assert len(by_side[0]) == len(by_side[1]) == 3
-        assert rule_interval(*by_side, by_evaluation=False)[1] > 1.0 > rule_interval(*by_side)[1]
+        assert rule_interval(*by_side, by_load=False)[1] > 1.0 > rule_interval(*by_side)[1]
     else:
         best = s.results[decision.id].timings[0]
         assert len(set(best.sample_loads)) == 3 and len(best.groups()) == 3

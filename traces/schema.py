@@ -121,8 +121,8 @@ class Decision(_Event):
     outcome: str = ""
     best_id: str
     gpu: str = Field("", description="the GPU (UUID, else the lane) on which the candidate and the best were compared")
-    by_evaluation: bool = Field(False, description="the rule's interval resampled evaluations, then samples "
-                                "within each; false in traces before the forty-eighth session: samples pooled")
+    by_load: bool = Field(False, description="the rule's interval resampled module loads, then samples "
+                          "within each; false in traces before the forty-eighth session: samples pooled")
 
 
 class FailureEvent(_Event):

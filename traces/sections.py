@@ -71,8 +71,8 @@ def per_context(trace: Trace) -> Table:
     rule = next((a.decision.rule for a in trace.attempts() if a.decision is not None), "")
     caption = ("µs/token is the median of the samples; the ratio is the best of the time (judged against) over this "
                "version, with its 95% bootstrap interval, recomputed from the samples the decision used (a "
-               f"confirmation adds both sides' interleaved re-timings, each resampled as a whole where the rule "
-               f"drew by evaluation). '{NOT_FASTER}': some interval reaches 1; "
+               f"confirmation adds both sides' interleaved re-timings; where the rule drew by module load, each "
+               f"load's samples are resampled as a whole). '{NOT_FASTER}': some interval reaches 1; "
                f"'slower': every interval lies below 1. The rule: {rule or 'none recorded'}.")
     head = ["id", "outcome", "judged against", "samples", *(f"ctx {c}: µs · ratio [95%]" for c in ctxs),
             "decision: geomean [lowest, highest]"]

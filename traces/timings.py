@@ -2,11 +2,11 @@
 trace alone.
 
 A version's figure pools its first timing with its interleaved confirmation re-timings
-(`<id>~confirm-candidate-<n>`), each kept as a group of its own (one module load): the samples the session
-decided on, and for a kept version the samples it
-judged later candidates against and put in its closing line. Speedups divide one baseline, the one timed
-with the starting kernel: every worker times the PyTorch baseline again and those timings drift, so dividing
-each version by its own worker's would mix the baseline's drift into the kernel's progress.
+(`<id>~confirm-candidate-<n>`), each sample with the module load it ran from: the samples the session decided
+on, and for a kept version the samples it judged later candidates against and put in its closing line.
+Speedups divide one baseline, the one timed with the starting kernel: every worker times the PyTorch baseline
+again and those timings drift, so dividing each version by its own worker's would mix the baseline's drift into
+the kernel's progress.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Baseline:
 class Judgement:
     """A decision's comparison recomputed per context: the best then (`against`) / this version, with a 95%
     bootstrap interval, on the samples the decision used, drawn as its rule drew them (sandbox.stats.rule_interval:
-    by evaluation, or pooled in traces before the forty-eighth session)."""
+    by load, or pooled in traces before the forty-eighth session)."""
 
     against: str
     ratios: dict[int, tuple[float, float, float]]
@@ -139,7 +139,7 @@ def judgements(trace: Trace) -> dict[str, Judgement]:
             reference = references.get(e.gpu)
             if e.ratio is not None and reference:
                 ref = _with(reference, retimed.get((e.id, "best"), []))
-                out[e.id] = Judgement(best, {ctx: rule_interval(by_load(ref[ctx]), gs, e.by_evaluation)
+                out[e.id] = Judgement(best, {ctx: rule_interval(by_load(ref[ctx]), gs, e.by_load)
                                              for ctx, gs in records[e.id].groups.items() if ref.get(ctx)})
             if e.kept:
                 best, references = e.id, {e.gpu: records[e.id].loaded}
