@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -236,6 +236,17 @@ for step in "$@"; do
                # seed, the patch at 0 (control, the seed's cubin) and at 1, interleaved at 2K and 16K, then the 2K
                # timelines of the seed and KDA_PAIRS 1
       COMPARE_S=${COMPARE_S:-330} knob_experiment traces/examples/kimi-kda-pairs/kda-pairs.patch kdapairs KDA_PAIRS=0 KDA_PAIRS=1 ;;
+    kdablocks)  # what closes the KDA projection phase (KDA_PAIRS left its spans unmoved; 48th session): one step's
+                # per-block stamps (events build) at 2K, then L0's and L1's projection by SM-pair group (0-59 and
+                # 132-191 share an SM with another unit, 60-131 alone, 192-263 none) and the router phase
+      timeout 200 python3 scripts/kimi_phase_stamps.py --ctx 2048 --raw "$OUT/stamps" > "$OUT/stamps-2048.log" 2>&1
+      tail -3 "$OUT/stamps-2048.log"
+      for ph in "L0 kda project" "L1 kda project"; do
+        python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "$ph" --groups 0,60,132,192 2>&1 |
+          tee "$OUT/blocks-${ph// /-}.txt" | tail -8
+      done
+      python3 scripts/kimi_block_stamps.py "$OUT/stamps/stamps_2048.npz" "L1 router+windows" --groups 0,36,256 \
+        > "$OUT/blocks-L1-router.txt" 2>&1 ;;
     kdapairschecks)  # with kda-pairs.patch as the seed: the kernel's GPU tests and upstream check.py
       seed_checks kdapairs traces/examples/kimi-kda-pairs/kda-pairs.patch ;;
     mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
