@@ -112,7 +112,8 @@ def run_compare(versions: list[Version], ev: Evaluator, rounds: int, samples: in
 def print_compare(versions: list[Version], rows: list[dict], console: Console, show_diff: bool) -> None:
     for v in versions:
         console.print(f"[bold]{v.label}[/]: {v.check}")
-    t = Table(title=f"interleaved timing, speedup vs {versions[0].label} (95% interval, rounds then samples resampled)")
+    t = Table(title=f"interleaved timing, speedup vs {versions[0].label} "
+                    "(95% interval, module loads then samples resampled)")
     for col in ("version", "ctx", "µs/token", "samples", "speedup", "interval", "verdict"):
         t.add_column(col, justify="right" if col not in ("version", "verdict") else "left")
     for r in rows:

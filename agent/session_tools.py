@@ -212,7 +212,7 @@ class SessionTools:
                                             deadline=self.s.budget.deadline()))
         rows = speedups(pair)
         lines = [f"interleaved A={a} B={b}, {inp.rounds} rounds; speedup of B over A (95% bootstrap "
-                 "interval, rounds then samples resampled):"]
+                 "interval, module loads then samples resampled):"]
         a_us = {r["ctx"]: r["median_us"] for r in rows if r["label"] == a}
         for r in rows:
             if "ratio" in r:
