@@ -16,10 +16,11 @@ import argparse
 import numpy as np
 
 
-def shown_events(names: list[str]) -> list[str]:
+def shown_events(names: list[str], issued: bool = False) -> list[str]:
     """The saved event names in reading order: chunk events between a run's start and its end, without the
-    "issued" stamps (a refill's time, not the block's progress)."""
-    kept = [n for n in names if not n.endswith(" issued")]
+    "issued" stamps (a refill's time, not the block's progress) unless asked for (a patch may stamp another
+    moment of the chunk there)."""
+    kept = [n for n in names if issued or not n.endswith(" issued")]
     return sorted(kept, key=lambda n: n in ("computed", "done"))
 
 
@@ -44,9 +45,10 @@ def main() -> None:
     ap.add_argument("phase", nargs="?", default="L1 g/u+down")
     ap.add_argument("--groups", default="0,36,60,243", help="first block of each group of blocks")
     ap.add_argument("--latest", type=int, default=15, help="how many of the latest blocks to list")
+    ap.add_argument("--issued", action="store_true", help="show the chunks' \"issued\" stamps too")
     args = ap.parse_args()
     release, arrival, ev, names = phase_events(args.npz, args.phase)
-    shown = shown_events(names)
+    shown = shown_events(names, args.issued)
     col = {e: names.index(e) for e in shown}
     print(f"{args.phase}: span {arrival.max():.1f} µs; µs from the phase's first release, latest blocks first")
     print("block  rel " + "".join(f"{e:>10s}" for e in shown) + "   arrived")
