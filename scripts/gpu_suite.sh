@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll awaitpollchecks defersecond attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -261,10 +261,6 @@ for step in "$@"; do
         python3 scripts/kimi_block_stamps.py "$OUT/stamps-$v/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60,132,192 \
           --issued --latest 8 2>&1 | tee "$OUT/awaitpoll-$v-blocks.txt" | tail -7
       done ;;
-    awaitpollchecks)  # with await-poll.patch as the seed at AWAIT_POLL 0: the kernel's GPU tests and upstream check.py
-      x=traces/examples/kimi-await-poll/await-poll.patch
-      k=$(patched $x seed-await-poll-0) && set_knobs "$k" AWAIT_POLL=0 && cp kernels/kimi_linear/seed.cu /tmp/seed-kept.cu &&
-        cp "$k" kernels/kimi_linear/seed.cu && seed_checks awaitpoll; cp /tmp/seed-kept.cu kernels/kimi_linear/seed.cu ;;
     defersecond)  # a down table's second chunk issued once its input is staged (defer-second.patch, DEFER_SECOND; 49th
                   # session; a test of "a load waits behind its SM's copies"): the seed, the patch at 0 (control) and 1,
                   # interleaved at 2K and 16K; then each value's per-block stamps at 2K and L1's MoE blocks
