@@ -481,7 +481,8 @@ def build_parser() -> Parser:
                                      "what-ifs predicted on the CPU")
     m.add_argument("kernel", nargs="?", help="a Kimi kernel source whose declared knobs to model (default: the seed); "
                                              "the model knows the seed's schedule, so only the knobs it reads count "
-                                             "(the K splits, PREFETCH, the GEMV loop's knobs, ACC_COUNT, AWAIT_EARLY)")
+                                             "(the K splits, PREFETCH, the GEMV loop's knobs, ACC_COUNT, and the "
+                                             "patches' AWAIT_EARLY and DEFER_SECOND)")
     m.add_argument("--knob", **knob, help="knob value to model (repeatable)")
     m.add_argument("--set", action="append", type=arg_type(machine_setting), metavar="FIELD=VALUE",
                    help="a machine-model figure, e.g. dram_order=fifo or compute_scale=0.73 (repeatable)")

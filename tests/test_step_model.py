@@ -5,13 +5,14 @@ from pathlib import Path
 
 import numpy
 import pytest
+import simpy
 
 from megakernel_agent.agent.cli import main
 from megakernel_agent.agent.exit_codes import ExitCode
 from megakernel_agent.sandbox.candidate import parse_knobs
 from megakernel_agent.tasks.kimi_linear.bytes_model import phase_bytes
 from megakernel_agent.tasks.kimi_linear.config import FULL
-from megakernel_agent.tasks.kimi_linear.step_model import MachineModel, StepSimulation, simulate
+from megakernel_agent.tasks.kimi_linear.step_model import FairShare, MachineModel, StepSimulation, simulate
 from megakernel_agent.tasks.kimi_linear.work_plan import (
     Chunk,
     Finish,
@@ -125,6 +126,20 @@ def test_copies_sharing_the_bandwidth_finish_together():
     assert landed == pytest.approx([2 * 43000 / 4.3e6 + m.dram_latency_us] * 2)
 
 
+@pytest.mark.parametrize("order, expected", [("shared", [3.0, 3.0, 3.0]), ("sm_fifo", [2.0, 3.0, 2.0])])
+def test_an_sm_serves_its_own_copies_in_issue_order_under_sm_fifo(order, expected):
+    """Two copies of SM 0 and one of SM 1, issued together: shared, all three split the bandwidth and land together;
+    sm_fifo, the SMs split it, so SM 0's second copy starts when its first has landed."""
+    env = simpy.Environment()
+    memory = FairShare(env, 1.0, 1e9, queued=order == "sm_fifo")
+    landed = [memory.transfer(1.0, 0.0, key) for key in (0, 0, 1)]
+    times = [0.0] * 3
+    for i, event in enumerate(landed):
+        event.callbacks.append(lambda _e, i=i: times.__setitem__(i, env.now))
+    env.run()
+    assert times == pytest.approx(expected)
+
+
 def test_two_blocks_on_one_sm_share_its_issue_and_a_lone_short_step_pays_the_latency_floor():
     m = MachineModel(dram_latency_us=0, fold_us=0, fold_per_slab_us=0, run_start_us=0, reduce_us=0, publish_us=0,
                      arrive_us=0, release_spread_us=0, dram_tbs=1e6, copy_gbs=1e9)
@@ -235,6 +250,53 @@ def test_await_early_moves_only_the_down_units_input_wait_before_their_chunk_lan
         else:
             assert a.span_us == pytest.approx(b.span_us)
     assert simulate(FULL, {**SEED_KNOBS, "AWAIT_EARLY": 0}, MachineModel(), fixed).kernel_us == late.kernel_us
+
+
+def down_chain(loads_behind_copies: bool, defer_second: bool) -> dict[str, float]:
+    """One block: a gate/up unit with one tiny chunk, then a down unit of two 4 µs chunks whose input that unit
+    makes; the down unit's events (µs)."""
+    m = MachineModel(dram_latency_us=0, fold_us=0, fold_per_slab_us=0, run_start_us=0, reduce_us=0, publish_us=0,
+                     arrive_us=0, release_spread_us=0, swiglu_us=0, sum_round_us=0.7, dram_tbs=1.0,
+                     loads_behind_copies=loads_behind_copies)
+    producer = Unit(chunks=(Chunk(bytes=1, slabs=1),), finish=Finish.PARTIAL, tile=("gu", 0, 0), parts=1)
+    down = Unit(chunks=(Chunk(bytes=4_000_000, slabs=8),) * 2, finish=Finish.PARTIAL, tile=("down", 0, 0), parts=1,
+                needs=(("gu", 0, 0),), need_rounds=1)
+    phase = [Phase(name="p", tables=(JobTable(units=(producer,), staging=None),
+                                     JobTable(units=(down,), staging=None)))]
+    sim = StepSimulation(phase, 1, 1, m, {}, defer_second=defer_second)
+    sim.run()
+    events = dict(sim.marks[(0, 0)])   # the down table's chunk events overwrite the producer's
+    return {k: events[k] for k in ("c0 landed", "c0 read", "c1 landed")}
+
+
+def test_loads_behind_copies_hold_a_down_units_staging_until_its_second_chunk_has_landed():
+    """loads_behind_copies (off by default): the staging's round of partial loads ends no earlier than the copies
+    its SM issued before it. issue_first sends both of the down unit's chunks, so the staging waits ~4 µs for the
+    second; DEFER_SECOND sends the second after the staging, which then takes one round again."""
+    plain, queued = down_chain(False, False), down_chain(True, False)
+    deferred = down_chain(True, True)
+    step = plain["c0 read"] - plain["c0 landed"] - 0.7   # the chunk step
+    assert queued["c0 read"] - queued["c0 landed"] == pytest.approx(4.0 + step, abs=1e-6)
+    assert deferred["c0 read"] - deferred["c0 landed"] == pytest.approx(0.7 + step, abs=1e-6)
+    assert deferred["c1 landed"] >= deferred["c0 landed"] + 0.7 + 4.0 - 1e-6
+    assert down_chain(False, True)["c1 landed"] > plain["c1 landed"]   # held back, it lands later
+
+
+def test_the_queue_term_acts_only_where_an_sms_copies_are_served_in_turn():
+    """Off by default, and DEFER_SECOND 0 is the seed's order: neither changes the seed's model. Under the default
+    memory (one queue for the device) an SM's copies land back to back, so no round of loads waits for them; under
+    sm_fifo they land a share's time apart and the term acts (which way the whole step moves depends on the order
+    the memory then serves, as any change of one block's timing does)."""
+    fixed = fixed_spans(step_plan(FULL, SEED_KNOBS))
+    one = MachineModel(release_draws=1)
+    base = simulate(FULL, SEED_KNOBS, one, fixed)
+    assert simulate(FULL, {**SEED_KNOBS, "DEFER_SECOND": 0}, one, fixed).kernel_us == base.kernel_us
+    assert simulate(FULL, SEED_KNOBS, one.model_copy(update={"loads_behind_copies": True}), fixed).kernel_us == \
+        pytest.approx(base.kernel_us)
+    per_sm = one.model_copy(update={"dram_order": "sm_fifo"})
+    queued = per_sm.model_copy(update={"loads_behind_copies": True})
+    assert simulate(FULL, SEED_KNOBS, queued, fixed).kernel_us != pytest.approx(
+        simulate(FULL, SEED_KNOBS, per_sm, fixed).kernel_us, abs=0.05)
 
 
 def test_the_model_of_the_seed_is_deterministic_and_moves_the_right_way():

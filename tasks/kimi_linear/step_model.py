@@ -9,7 +9,9 @@ tile reads the tile's sums) and, for down units, the wait for the gate/up tiles 
 every block a fixed time after the last arrival, each block within one poll of the barrier word, later still
 if it issued the next phase's first chunks between arriving and waiting. Copies are served in issue order (the
 default memory), so where every block issues at once (the routed phase's start) the order is set by the work
-before the issue: the walk of the job table to the block's first unit puts the blocks of early jobs first.
+before the issue: the walk of the job table to the block's first unit puts the blocks of early jobs first. Two
+opt-in settings, not fitted: the SMs sharing the bandwidth, each serving its copies in turn (dram_order=sm_fifo),
+and rounds of L2 loads held behind the copies their SM issued before them (loads_behind_copies).
 
 What it is fed (MachineModel): probe figures (scripts/chunk_probe.py: a chunk step's compute and fold, the
 bulk-copy stream), per-event costs read off phase stamps, and, for the phases it does not simulate (KDA delta
@@ -62,10 +64,13 @@ class MachineModel(BaseModel):
     dram_tbs: float = Field(4.3, gt=0, description="device memory bandwidth shared by every copy in flight")
     copy_gbs: float = Field(40.0, gt=0, description="most one bulk copy gets when the memory is idle")
     dram_latency_us: float = Field(0.8, ge=0, description="a copy's data lands this long after its last byte")
-    dram_order: Literal["fifo", "shared"] = Field("fifo", description="copies served whole one after another in "
-                                                "issue order, or sharing the bandwidth equally, each up to "
-                                                "copy_gbs (which with no release spread moves every block in "
-                                                "lockstep: a pure stream then idles one latency a round)")
+    dram_order: Literal["fifo", "shared", "sm_fifo"] = Field("fifo", description="copies served whole one after "
+                                                "another in issue order; or sharing the bandwidth equally, each up "
+                                                "to copy_gbs (which with no release spread moves every block in "
+                                                "lockstep: a pure stream then idles one latency a round); or shared "
+                                                "equally by the SMs with copies pending, each SM's copies served in "
+                                                "its issue order (an SM's second chunk lands a share's time after "
+                                                "its first)")
     chunk_compute_us: float = Field(0.96, gt=0, description="a full chunk's compute with the SM's other block "
                                                             "computing one too (chunk probe of the DP2A loop on the "
                                                             "H200, 8 slabs, 2 blocks/SM; the fp16 loop's was 1.54)")
@@ -110,6 +115,12 @@ class MachineModel(BaseModel):
                                                        "issues the unit's first chunk")
     release_draws: int = Field(4, ge=1, le=64, description="random release orders a step is averaged over (one "
                                                            "order moves a knob's modelled effect by up to ~5 µs)")
+    loads_behind_copies: bool = Field(False, description="a block's rounds of L2 loads (a down unit's partials, a "
+                                      "split-K finish's sums) end no earlier than every copy its SM issued before "
+                                      "them has landed. Measured in a probe (twenty-third session: +0.9-1.7 µs a "
+                                      "round trip with the SM's copies in flight) and in the down units' staging "
+                                      "(forty-ninth: ~2 µs for one round); off by default, since the figures "
+                                      "above were fitted without it")
 
 
 def machine_from(settings: dict[str, object]) -> MachineModel:
@@ -179,12 +190,15 @@ class StepEstimate(BaseModel):
 
 class FairShare:
     """Bandwidth shared equally by the copies in flight, each capped at `cap` (processor sharing with a virtual
-    clock: every copy has received the same service since it started, so a heap orders the finishes)."""
+    clock: every copy has received the same service since it started, so a heap orders the finishes). With
+    `queued`, copies of one key (an SM) are served one at a time in issue order: the share goes to the keys."""
 
-    def __init__(self, env: simpy.Environment, capacity: float, cap: float):
-        self.env, self.capacity, self.cap = env, capacity, cap
+    def __init__(self, env: simpy.Environment, capacity: float, cap: float, queued: bool = False):
+        self.env, self.capacity, self.cap, self.queued = env, capacity, cap, queued
         self.served, self.at = 0.0, 0.0      # service each active copy has had since time 0, as of `at`
-        self.active: list[tuple[float, int, simpy.Event, float]] = []   # (finish, id, landed, latency)
+        self.active: list[tuple[float, int, simpy.Event, float, int]] = []   # (finish, id, landed, latency, key)
+        self.waiting: dict[int, list[tuple[float, simpy.Event, float]]] = defaultdict(list)   # key -> copies behind
+        self.busy: set[int] = set()          # keys with a copy in `active`
         self.ids = itertools.count()
         self.version = 0
 
@@ -195,13 +209,21 @@ class FairShare:
         self.served += self.rate() * (self.env.now - self.at)
         self.at = self.env.now
 
-    def transfer(self, amount: float, latency: float) -> simpy.Event:
+    def transfer(self, amount: float, latency: float, key: int = 0) -> simpy.Event:
         """An event that fires `latency` after the copy's last byte."""
         self._advance()
         landed = self.env.event()
-        heapq.heappush(self.active, (self.served + amount, next(self.ids), landed, latency))
+        if self.queued and key in self.busy:
+            self.waiting[key].append((amount, landed, latency))
+        else:
+            self._start(amount, landed, latency, key)
         self._plan()
         return landed
+
+    def _start(self, amount: float, landed: simpy.Event, latency: float, key: int) -> None:
+        heapq.heappush(self.active, (self.served + amount, next(self.ids), landed, latency, key))
+        if self.queued:
+            self.busy.add(key)
 
     def _plan(self) -> None:
         self.version += 1
@@ -216,9 +238,13 @@ class FairShare:
         # `served` reaches ~1e7 bytes, where a fixed tolerance is below float resolution: a copy left a hair
         # short would wake again at the same instant for ever
         while self.active and self.active[0][0] <= self.served * (1 + 1e-12) + EPS:
-            _, _, landed, latency = heapq.heappop(self.active)
+            _, _, landed, latency, key = heapq.heappop(self.active)
             after = self.env.timeout(latency)
             after.callbacks.append(lambda _e, landed=landed: landed.succeed())
+            if self.queued:
+                self.busy.discard(key)
+                if self.waiting[key]:
+                    self._start(*self.waiting[key].pop(0), key)
         self._plan()
 
 
@@ -228,8 +254,8 @@ class InOrder:
     def __init__(self, env: simpy.Environment, capacity: float):
         self.env, self.capacity, self.free_at = env, capacity, 0.0
 
-    def transfer(self, amount: float, latency: float) -> simpy.Event:
-        """An event that fires `latency` after the copy's last byte."""
+    def transfer(self, amount: float, latency: float, key: int = 0) -> simpy.Event:
+        """An event that fires `latency` after the copy's last byte (`key` plays no part)."""
         self.free_at = max(self.free_at, self.env.now) + amount / self.capacity
         return self.env.timeout(self.free_at - self.env.now + latency)
 
@@ -287,7 +313,7 @@ class StepSimulation:
     simulate (by phase name)."""
 
     def __init__(self, plan: list[Phase], grid: int, blocks_per_sm: int, machine: MachineModel,
-                 fixed_us: dict[str, float], draw: int = 0, await_early: bool = False):
+                 fixed_us: dict[str, float], draw: int = 0, await_early: bool = False, defer_second: bool = False):
         missing = [p.name for p in plan if not p.simulated and p.name not in fixed_us]
         if missing:
             raise ValueError(f"no stamped span for the phases the model does not simulate: {missing}")
@@ -296,10 +322,14 @@ class StepSimulation:
         # flight; measured, the await's round trips queue behind the SM's own copy (BENCHMARKS.md, forty-first
         # session), so this overlap is optimistic
         self.await_early = await_early
+        # the kernel's DEFER_SECOND (a patch's knob, forty-ninth session): a table whose first unit awaits its input
+        # issues that unit's second chunk after the input is staged, not with the first
+        self.defer_second = defer_second
+        self.sm_copies: dict[int, list[simpy.Event]] = defaultdict(list)   # SM -> its copies' landings
         self.env = simpy.Environment()
         bandwidth = machine.dram_tbs * 1e6                                                  # bytes per µs
-        self.dram = (FairShare(self.env, bandwidth, machine.copy_gbs * 1e3) if machine.dram_order == "shared"
-                     else InOrder(self.env, bandwidth))
+        self.dram = (InOrder(self.env, bandwidth) if machine.dram_order == "fifo" else
+                     FairShare(self.env, bandwidth, machine.copy_gbs * 1e3, queued=machine.dram_order == "sm_fifo"))
         self.spread = numpy.random.default_rng(draw)   # release order: deterministic per draw, new per phase
         per_sm = 2 * 8 / (machine.chunk_compute_us * machine.compute_scale)                # slabs per µs per SM
         self.slots = [IssueSlots(self.env, per_sm) for _ in range(-(-grid // blocks_per_sm))]
@@ -315,8 +345,26 @@ class StepSimulation:
         self.marks[(phase, block)].append((what, self.env.now - self.started[(phase, block)]))
 
     # --- the pieces of a block's chain ---
-    def fetch(self, chunk: Chunk) -> simpy.Event:
-        return self.dram.transfer(chunk.bytes, self.m.dram_latency_us)
+    def sm_of(self, block: int) -> int:
+        return block % len(self.slots)
+
+    def fetch(self, block: int, chunk: Chunk) -> simpy.Event:
+        landed = self.dram.transfer(chunk.bytes, self.m.dram_latency_us, self.sm_of(block))
+        if self.m.loads_behind_copies:
+            self.sm_copies[self.sm_of(block)].append(landed)
+        return landed
+
+    def load_rounds(self, block: int, rounds: int) -> Generator:
+        """`rounds` dependent rounds of L2 loads; with loads_behind_copies each ends no earlier than the landing of
+        every copy the block's SM had issued when it started."""
+        for _ in range(rounds):
+            end = self.env.now + self.m.sum_round_us
+            if self.m.loads_behind_copies:
+                queued = self.sm_copies[self.sm_of(block)] = [e for e in self.sm_copies[self.sm_of(block)]
+                                                              if not e.processed]
+                if queued:
+                    yield simpy.AllOf(self.env, queued)
+            yield self.env.timeout(max(0.0, end - self.env.now))
 
     def compute(self, block: int, chunk: Chunk) -> simpy.Event:
         if not chunk.slabs:
@@ -324,35 +372,41 @@ class StepSimulation:
         floor = self.m.slab_latency_us * self.m.compute_scale
         # the block scheduler deals a launch's blocks out one per SM before it doubles up: block b shares its SM
         # with b + SMs + d, d in {-6, 0, 1, 2} on an H100 (cluster_probe.py --placement); b + SMs stands for it
-        return self.slots[block % len(self.slots)].compute(chunk.slabs, chunk.slabs / floor)
+        return self.slots[self.sm_of(block)].compute(chunk.slabs, chunk.slabs / floor)
 
     def walk(self, unit: Unit) -> float:
         """The kernel's walk of the job table to the unit's job (job_of), before it issues the unit's first chunk."""
         return unit.job * self.m.job_walk_us
 
-    def issue_first(self, chunks: list[tuple[Unit, bool, bool, Chunk]]) -> Generator:
+    def holds_second(self, chunks: list[tuple[Unit, bool, bool, Chunk]]) -> bool:
+        """Whether issue_first holds back the second chunk (DEFER_SECOND: it is the awaiting first unit's own)."""
+        return self.defer_second and len(chunks) > 1 and bool(chunks[0][0].needs) and not chunks[1][2]
+
+    def issue_first(self, block: int, chunks: list[tuple[Unit, bool, bool, Chunk]]) -> Generator:
         """A table's first two chunks issued at its start, as issue_first does: each unit's first after the walk to
-        its job. Returns their landing events."""
+        its job (the second held back where holds_second). Returns their landing events."""
         landed = []
-        for unit, _, first, chunk in chunks[:2]:
+        for unit, _, first, chunk in chunks[:1] if self.holds_second(chunks) else chunks[:2]:
             if first and unit.job:
                 yield self.env.timeout(self.walk(unit))
-            landed.append(self.fetch(chunk))
+            landed.append(self.fetch(block, chunk))
         return landed
 
-    def finish(self, unit: Unit) -> Generator:
+    def finish(self, block: int, unit: Unit) -> Generator:
         yield self.env.timeout(self.m.reduce_us + self.m.publish_us)
         self.arrivals[unit.tile] += 1
         if self.arrivals[unit.tile] == unit.parts:
             self.tile_done[unit.tile].succeed()
             if unit.finish != Finish.PARTIAL:
-                yield self.env.timeout(unit.sum_rounds * self.m.sum_round_us + self.m.epilogue_us[unit.finish])
+                yield from self.load_rounds(block, unit.sum_rounds)
+                yield self.env.timeout(self.m.epilogue_us[unit.finish])
 
     def await_input(self, phase: int, block: int, unit: Unit) -> Generator:
         """A down unit's wait for the gate/up tiles it reads, then its SwiGLU staging from their partials."""
         yield simpy.AllOf(self.env, [self.tile_done[t] for t in unit.needs])
         self.mark(phase, block, "input ready")
-        yield self.env.timeout(self.m.swiglu_us + unit.need_rounds * self.m.sum_round_us)
+        yield from self.load_rounds(block, unit.need_rounds)
+        yield self.env.timeout(self.m.swiglu_us)
 
     def run_table(self, block: int, phase: int, table: JobTable, skew: int) -> Generator:
         units = table.block_units(block, self.grid, skew)
@@ -360,8 +414,9 @@ class StepSimulation:
         if table.staging is not None:
             yield self.env.timeout(self.m.staging_us[table.staging])
         landed = self.prefetched.pop((phase, block), None)
+        held = landed is None and self.holds_second(chunks)
         if landed is None:
-            landed = yield from self.issue_first(chunks)
+            landed = yield from self.issue_first(block, chunks)
         if table.staging is not None:
             self.mark(phase, block, "staged")
         if chunks:
@@ -374,6 +429,8 @@ class StepSimulation:
             self.mark(phase, block, f"c{i} landed")
             if awaits and not self.await_early:
                 yield from self.await_input(phase, block, unit)
+            if held and i == 0:
+                landed.append(self.fetch(block, chunks[1][3]))
             yield self.compute(block, chunk)
             yield self.env.timeout(self.m.fold_us + self.m.fold_per_slab_us * chunk.slabs)
             if i + 2 < len(chunks) and chunks[i + 2][2] and chunks[i + 2][0].job:   # next_chunk walks to its unit
@@ -381,9 +438,9 @@ class StepSimulation:
             self.mark(phase, block, f"c{i} read")
             if i + 2 < len(chunks):
                 yield self.env.timeout(self.m.issue_us)
-                landed.append(self.fetch(chunks[i + 2][3]))
+                landed.append(self.fetch(block, chunks[i + 2][3]))
             if last:
-                yield from self.finish(unit)
+                yield from self.finish(block, unit)
                 self.mark(phase, block, "unit done")
 
     def prefetch(self, block: int, phase: int) -> None:
@@ -398,7 +455,7 @@ class StepSimulation:
             first = [(u, i == 0, c) for u in table.block_units(block, self.grid) for i, c in enumerate(u.chunks)][:2]
             if first:
                 # issued at the arrival; the walk and the issue delay the block's wait
-                self.prefetched[(target, block)] = [self.fetch(c) for _, _, c in first]
+                self.prefetched[(target, block)] = [self.fetch(block, c) for _, _, c in first]
                 self.issued_late[block] = self.m.issue_us + sum(self.walk(u) for u, head, _ in first if head)
 
     def release_lateness(self, phase: int) -> numpy.ndarray:
@@ -469,8 +526,9 @@ def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixe
     per_sm = knobs["BLOCKS_PER_SM"]
     loop = math.prod(f for k, f in LOOP_KNOB_COMPUTE.items() if knobs.get(k, 0))   # absent: off (older seeds)
     machine = machine.model_copy(update={"compute_scale": machine.compute_scale * loop})
-    early = bool(knobs.get("AWAIT_EARLY", 0))   # absent: off (the seeds before it)
-    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d, early).run()
+    early = bool(knobs.get("AWAIT_EARLY", 0))   # patches' knobs; absent: off (the seed has neither)
+    defer = bool(knobs.get("DEFER_SECOND", 0))
+    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d, early, defer).run()
              for d in range(machine.release_draws)]
     return averaged(draws)
 
