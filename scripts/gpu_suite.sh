@@ -68,6 +68,21 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   done
 }
 
+knob_moe_blocks() {  # knob_moe_blocks PATCH NAME KNOB VALUE...: the patched seed at each VALUE of KNOB, one step's
+                    # per-block stamps at 2K (events build) and L1's MoE blocks by group (BLOCK_ARGS: more options of
+                    # kimi_block_stamps.py)
+  local pw=$1 name=$2 knob=$3 v k; shift 3
+  for v in "$@"; do
+    k=$(patched "$pw" "seed-$name-$v") || { echo "patch failed"; continue; }
+    set_knobs "$k" "$knob=$v"
+    timeout 120 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --raw "$OUT/stamps-$name-$v" \
+      > "$OUT/stamps-$name-$v-2048.log" 2>&1
+    grep -E "g/u|kernel" "$OUT/stamps-$name-$v-2048.log" | head -6
+    python3 scripts/kimi_block_stamps.py "$OUT/stamps-$name-$v/stamps_2048.npz" "L1 g/u+down" \
+      --groups 0,36,39,60,132,192 --latest 8 ${BLOCK_ARGS:-} 2>&1 | tee "$OUT/$name-$v-blocks.txt" | tail -7
+  done
+}
+
 seed_checks() {  # seed_checks NAME [PATCH]: the kernel's GPU tests (Kimi, phases, cheats; CHECK_TESTS: others, e.g.
                  # `tests` for the whole suite) and upstream check.py, on the seed or with PATCH applied (then reverted)
   local name=$1 pw=${2:-}
@@ -253,27 +268,13 @@ for step in "$@"; do
                 # the await's end) and L1's MoE blocks
       x=traces/examples/kimi-await-poll/await-poll.patch
       NO_PHASES=1 knob_experiment $x awaitpoll AWAIT_POLL=1 AWAIT_POLL=0
-      for v in 1 0; do
-        k=$(patched $x "seed-await-poll-$v") || { echo "patch failed"; continue; }
-        set_knobs "$k" "AWAIT_POLL=$v"
-        timeout 120 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --raw "$OUT/stamps-$v" > "$OUT/stamps-await-poll-$v-2048.log" 2>&1
-        grep -E "g/u|kernel" "$OUT/stamps-await-poll-$v-2048.log" | head -6
-        python3 scripts/kimi_block_stamps.py "$OUT/stamps-$v/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60,132,192 \
-          --issued --latest 8 2>&1 | tee "$OUT/awaitpoll-$v-blocks.txt" | tail -7
-      done ;;
+      BLOCK_ARGS=--issued knob_moe_blocks $x awaitpoll AWAIT_POLL 1 0 ;;
     defersecond)  # a down table's second chunk issued once its input is staged (defer-second.patch, DEFER_SECOND; 49th
                   # session; a test of "a load waits behind its SM's copies"): the seed, the patch at 0 (control) and 1,
                   # interleaved at 2K and 16K; then each value's per-block stamps at 2K and L1's MoE blocks
       x=traces/examples/kimi-defer-second/defer-second.patch
       NO_PHASES=1 knob_experiment $x defersecond DEFER_SECOND=0 DEFER_SECOND=1
-      for v in 0 1; do
-        k=$(patched $x "seed-defer-second-$v") || { echo "patch failed"; continue; }
-        set_knobs "$k" "DEFER_SECOND=$v"
-        timeout 120 python3 scripts/kimi_phase_stamps.py "$k" --ctx 2048 --raw "$OUT/stamps-ds$v" > "$OUT/stamps-defer-second-$v-2048.log" 2>&1
-        grep -E "g/u|kernel" "$OUT/stamps-defer-second-$v-2048.log" | head -6
-        python3 scripts/kimi_block_stamps.py "$OUT/stamps-ds$v/stamps_2048.npz" "L1 g/u+down" --groups 0,36,39,60,132,192 \
-          --latest 8 2>&1 | tee "$OUT/defersecond-$v-blocks.txt" | tail -7
-      done ;;
+      knob_moe_blocks $x defersecond DEFER_SECOND 0 1 ;;
     kdapairschecks)  # with kda-pairs.patch as the seed: the kernel's GPU tests and upstream check.py
       seed_checks kdapairs traces/examples/kimi-kda-pairs/kda-pairs.patch ;;
     mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
