@@ -360,8 +360,8 @@ class StepSimulation:
         for _ in range(rounds):
             end = self.env.now + self.m.sum_round_us
             if self.m.loads_behind_copies:
-                queued = self.sm_copies[self.sm_of(block)] = [e for e in self.sm_copies[self.sm_of(block)]
-                                                              if not e.processed]
+                sm = self.sm_of(block)
+                queued = self.sm_copies[sm] = [e for e in self.sm_copies[sm] if not e.processed]
                 if queued:
                     yield simpy.AllOf(self.env, queued)
             yield self.env.timeout(max(0.0, end - self.env.now))
