@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond smembase attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -275,6 +275,30 @@ for step in "$@"; do
       x=traces/examples/kimi-defer-second/defer-second.patch
       NO_PHASES=1 knob_experiment $x defersecond DEFER_SECOND=0 DEFER_SECOND=1
       knob_moe_blocks $x defersecond DEFER_SECOND 0 1 ;;
+    smembase)  # where the dynamic shared region starts past a 128-byte boundary (smem-base.patch, SMEM_BASE; 50th session:
+               # the DEFER_SECOND control, whose RingSync grew 48 -> 56 B and so moved the region from byte 48 to 64,
+               # ran 2.7 % faster than the seed): a probe of where the region lands behind a static struct, then the
+               # seed against the patch at 48 (the seed's phase), 32, 64 and 0, interleaved at 2K and 16K, the Kimi
+               # GPU tests on the patched seed (its default, 0), and the stamps of the seed and of 0
+      python3 - <<'PY' 2>&1 | tee "$OUT/smembase_probe.log"
+import cupy as cp
+src = r"""
+struct Area { unsigned char bytes[STATIC_BYTES]; };
+extern "C" __global__ void where(unsigned* out) {
+  extern __shared__ __align__(16) unsigned char dyn[];
+  __shared__ __align__(16) Area area;
+  area.bytes[threadIdx.x] = 1;
+  __syncthreads();
+  if (threadIdx.x == 0) { out[0] = (unsigned)__cvta_generic_to_shared(dyn); out[1] = (unsigned)__cvta_generic_to_shared(&area); out[2] = area.bytes[1]; }
+}"""
+for n in (48, 56, 128, 160, 176, 192):
+    k = cp.RawKernel(src, "where", options=(f"-DSTATIC_BYTES={n}",))
+    out = cp.zeros(3, cp.uint32)
+    k((1,), (32,), (out,), shared_mem=1024)
+    print(f"static {n:4d} B: static at {int(out[1])}, dynamic at {int(out[0])} ({int(out[0]) % 128} past 128)")
+PY
+      KIMI_TESTS=1 knob_experiment traces/examples/kimi-smem-base/smem-base.patch smembase SMEM_BASE=48 SMEM_BASE=32 \
+        SMEM_BASE=64 SMEM_BASE=0 ;;
     kdapairschecks)  # with kda-pairs.patch as the seed: the kernel's GPU tests and upstream check.py
       seed_checks kdapairs traces/examples/kimi-kda-pairs/kda-pairs.patch ;;
     mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
