@@ -297,8 +297,8 @@ for n in (48, 56, 128, 160, 176, 192):
     k((1,), (32,), (out,), shared_mem=1024)
     print(f"static {n:4d} B: static at {int(out[1])}, dynamic at {int(out[0])} ({int(out[0]) % 128} past 128)")
 PY
-      KIMI_TESTS=1 knob_experiment traces/examples/kimi-smem-base/smem-base.patch smembase SMEM_BASE=48 SMEM_BASE=32 \
-        SMEM_BASE=64 SMEM_BASE=0 ;;
+      vs=(); for b in ${SMEM_VALUES:-48 32 64 0}; do vs+=("SMEM_BASE=$b"); done   # SMEM_VALUES: fewer, when time is short
+      KIMI_TESTS=1 knob_experiment traces/examples/kimi-smem-base/smem-base.patch smembase "${vs[@]}" ;;
     kdapairschecks)  # with kda-pairs.patch as the seed: the kernel's GPU tests and upstream check.py
       seed_checks kdapairs traces/examples/kimi-kda-pairs/kda-pairs.patch ;;
     mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
