@@ -62,6 +62,7 @@
 // @knob THREADS 256 {256,512} threads per block (more warps in flight per block, fewer registers each)
 // @knob FOLD_SPLIT 1 {0,1} the two row halves of a GEMV lane pair swap their int32 column sums so each lane folds 8 of its 16 columns (0: each lane folds 16, then the halves add their floats)
 // @knob HI_BY_SUB 1 {0,1} the high nibbles' DP2A take the whole packed bytes, and the low nibbles' sums are subtracted once per slab (one LOP3 per weight word instead of two)
+// @knob SMEM_BASE 0 {0,48,64} the dynamic shared region (x, sums, weight ring, attention tiles) starts this many bytes past a 128-byte boundary: the static RingSync is padded to 128 + this (48: where the bare RingSync left it, 4 % slower on the H100)
 // @knob ACC_COUNT 1 {0,1} the output and down projections' and the MLA merge's accumulator words count their arrivals: the add that completes a column finishes it (0: a tile counter and the tile's last arrival; the merge's parts stored, an arrival counter per head and the last part's fp32 sum)
 
 #include <cuda_bf16.h>
@@ -344,6 +345,14 @@ struct RingSync {
   int skew;                    // the table's unit u starts on block (u + skew) mod grid
   Chunk head;                  // this block's first chunk of that table (issue_first writes)
 };
+// The block's static shared memory. The dynamic region follows it 16-byte aligned (a probe on the H100: static
+// at byte 1024, the region right behind it), so it starts SMEM_BASE bytes past a 128-byte boundary. At 48 (the
+// bare RingSync) every ring slot, x and the sums straddled 32-byte sectors: the step ran 4 % slower (BENCHMARKS.md)
+struct SyncArea {
+  RingSync rs;
+  unsigned char pad[128 + SMEM_BASE - sizeof(RingSync)];
+};
+static_assert(sizeof(SyncArea) == 128 + SMEM_BASE, "the dynamic region starts SMEM_BASE past a 128-byte boundary");
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 // Weights stream through L2 once per step (226 MB, several times its size) and are never reused from it,
 // so the bulk copies mark them evict-first: what the next step reuses stays resident (code, KDA states,
@@ -2054,8 +2063,8 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
   Barrier grid{p.counters + BARRIER_WORD, reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0, 0};
   grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ RingSync ring_sync;
-  const Smem sm{smem_raw, &ring_sync};
+  __shared__ __align__(16) SyncArea sync_area;
+  const Smem sm{smem_raw, &sync_area.rs};
   ring_init(sm.rs);
 #pragma unroll 1
   for (int l = 0; l < NUM_LAYERS; ++l) {
