@@ -347,6 +347,9 @@ def cmd_model(args) -> int:
     if stamped_moves:
         console.print(f"note: {', '.join(stamped_moves)} change phases the model takes from the timeline's stamps; "
                       "they are right only if the timeline was profiled with the same values")
+    unmodelled = sorted(k for k, _ in args.knob or [] if k in sm.UNMODELLED_KNOBS)
+    if unmodelled:
+        console.print(f"note: the model has no term for {', '.join(unmodelled)}; the estimate ignores it")
     base = simulate(cfg, knobs, machine, fixed)
     sm.print_estimate(base, timeline, console)
     if args.moves:
