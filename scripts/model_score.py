@@ -31,6 +31,7 @@ from megakernel_agent.sandbox.candidate import parse_knobs, resolve_knobs  # noq
 from megakernel_agent.tasks.kimi_linear.config import FULL  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.step_model import (  # noqa: E402
     STAMPED_KNOBS,
+    UNMODELLED_KNOBS,
     machine_from,
     simulate,
     stamped_spans,
@@ -42,8 +43,8 @@ SEED = ROOT / "kernels/kimi_linear/seed.cu"
 
 
 def tuner_moves(trace: Path, ctx: int) -> list[tuple[str, dict[str, int], float]]:
-    """(label, knobs, measured Δ µs at ctx) of every proposal that was timed and moves no stamped knob; Δ is
-    against the session's seed measurement."""
+    """(label, knobs, measured Δ µs at ctx) of every proposal that was timed and moves no stamped or unmodelled
+    knob; Δ is against the session's seed measurement."""
     records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
     seed = next(r for r in records if r["type"] == "measure")["result"]
     base = {t["ctx"]: t["median_us"] for t in seed["timings"]}
@@ -52,7 +53,7 @@ def tuner_moves(trace: Path, ctx: int) -> list[tuple[str, dict[str, int], float]
     out = []
     for p in (r for r in records if r["type"] == "proposal" and r["id"] in timed):
         moved = {k: v for k, v in p["knobs"].items() if seed["knobs"].get(k) != v}
-        if any(k in STAMPED_KNOBS for k in moved):
+        if any(k in STAMPED_KNOBS + UNMODELLED_KNOBS for k in moved):
             continue
         label = ",".join(f"{k}={v}" for k, v in moved.items())
         out.append((f"{p['id']} {label}", moved, timed[p["id"]][ctx] - base[ctx]))

@@ -345,14 +345,22 @@ struct RingSync {
   int skew;                    // the table's unit u starts on block (u + skew) mod grid
   Chunk head;                  // this block's first chunk of that table (issue_first writes)
 };
-// The block's static shared memory. The dynamic region follows it 16-byte aligned (a probe on the H100: static
-// at byte 1024, the region right behind it), so it starts SMEM_BASE bytes past a 128-byte boundary. At 48 (the
-// bare RingSync) every ring slot, x and the sums straddled 32-byte sectors: the step ran 4 % slower (BENCHMARKS.md)
+// The block's only static shared memory (the profiling builds' stamp state included). The dynamic region follows
+// it 16-byte aligned (a probe on the H100: static at byte 1024, the region right behind it), so it starts SMEM_BASE
+// bytes past a 128-byte boundary. At 48 (the bare RingSync) every ring slot, x and the sums straddled 32-byte
+// sectors: the step ran 4 % slower (BENCHMARKS.md)
 struct SyncArea {
   RingSync rs;
+#if PHASE_STAMPS >= 2
+  int stamp_phase;    // the phase this block is in; kept by Barrier::stamp
+  int stamp_chunks;   // chunks this block has run in that phase (thread 0's count)
+  unsigned char pad[128 + SMEM_BASE - sizeof(RingSync) - 2 * sizeof(int)];
+#else
   unsigned char pad[128 + SMEM_BASE - sizeof(RingSync)];
+#endif
 };
 static_assert(sizeof(SyncArea) == 128 + SMEM_BASE, "the dynamic region starts SMEM_BASE past a 128-byte boundary");
+__shared__ __align__(16) SyncArea sync_area;
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 // Weights stream through L2 once per step (226 MB, several times its size) and are never reused from it,
 // so the bulk copies mark them evict-first: what the next step reuses stays resident (code, KDA states,
@@ -454,27 +462,23 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#if PHASE_STAMPS >= 2
-__shared__ int stamp_phase;   // the phase this block is in; kept by Barrier::stamp
-__shared__ int stamp_chunks;  // chunks this block has run in that phase (thread 0's count)
-#endif
 __device__ __forceinline__ int phase_chunks() {
 #if PHASE_STAMPS >= 2
-  return stamp_chunks;
+  return sync_area.stamp_chunks;
 #else
   return 0;
 #endif
 }
 __device__ __forceinline__ void set_phase_chunks(int k) {
 #if PHASE_STAMPS >= 2
-  if (threadIdx.x == 0) stamp_chunks = k;
+  if (threadIdx.x == 0) sync_area.stamp_chunks = k;
 #endif
 }
 __device__ __forceinline__ void mark(const Ctx& cx, int ev) {
 #if PHASE_STAMPS >= 2
-  if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && stamp_phase < MAX_STAMPS / 2 && ev < N_EVENTS)
+  if (threadIdx.x == 0 && blockIdx.x < MAX_STAMP_BLOCKS && sync_area.stamp_phase < MAX_STAMPS / 2 && ev < N_EVENTS)
     reinterpret_cast<unsigned long long*>(cx.scratch + OFF_EVENTS)
-        [((size_t)stamp_phase * N_EVENTS + ev) * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
+        [((size_t)sync_area.stamp_phase * N_EVENTS + ev) * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
 #endif
 }
 __device__ __forceinline__ void mark_chunk(const Ctx& cx, int chunk, ChunkEvent ev) {
@@ -2040,7 +2044,7 @@ struct Barrier {
       stamps[(size_t)n * MAX_STAMP_BLOCKS + blockIdx.x] = global_ns();
     ++n;
 #if PHASE_STAMPS >= 2
-    if (threadIdx.x == 0) { stamp_phase = n / 2; stamp_chunks = 0; }   // after a release: the phase that begins
+    if (threadIdx.x == 0) { sync_area.stamp_phase = n / 2; sync_area.stamp_chunks = 0; }   // after a release: the phase that begins
 #endif
   }
   __device__ void arrive() {
@@ -2063,7 +2067,6 @@ kimi_decode_step(const __grid_constant__ KimiParams p) {
   Barrier grid{p.counters + BARRIER_WORD, reinterpret_cast<unsigned long long*>(reinterpret_cast<float*>(p.scratch) + OFF_STAMPS), 0, 0};
   grid.stamp();
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ __align__(16) SyncArea sync_area;
   const Smem sm{smem_raw, &sync_area.rs};
   ring_init(sm.rs);
 #pragma unroll 1
