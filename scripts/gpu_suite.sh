@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond smembase attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond smembase apartctx attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -299,6 +299,16 @@ for n in (48, 56, 128, 160, 176, 192):
 PY
       vs=(); for b in ${SMEM_VALUES:-48 64 0}; do vs+=("SMEM_BASE=$b"); done   # SMEM_VALUES: fewer, when time is short
       KIMI_TESTS=1 knob_experiment traces/examples/kimi-smem-base/smem-base.patch smembase "${vs[@]}" ;;
+    apartctx)  # the attention partials' context floats on a 128-byte line (apart-ctx.patch, APART_CTX; 50th session, after
+               # SMEM_BASE): the seed, the patch at 2 (control: the seed's .text) and 32, interleaved at 2K and 16K; then
+               # each value's barrier stamps at 16K (the merge phase reads the most there)
+      x=traces/examples/kimi-apart-ctx/apart-ctx.patch
+      NO_PHASES=1 knob_experiment $x apartctx APART_CTX=2 APART_CTX=32
+      for v in 2 32; do
+        k=$(patched $x "seed-apartctx-$v") && set_knobs "$k" "APART_CTX=$v" &&
+          timeout 150 python3 run_agent.py bench "$k" --ctx 16384 --phases 2>&1 | tee "$OUT/apartctx_phases_$v.log" |
+          grep -E "timeline|attention|merge|total"
+      done ;;
     kdapairschecks)  # with kda-pairs.patch as the seed: the kernel's GPU tests and upstream check.py
       seed_checks kdapairs traces/examples/kimi-kda-pairs/kda-pairs.patch ;;
     mlabare)  # the MLA q / kv_a projections as bare partials, summed by the absorb phase (mla-bare.patch, MLA_BARE;
