@@ -347,8 +347,8 @@ struct RingSync {
 };
 // The block's only static shared memory (the profiling builds' stamp state included). The dynamic region follows
 // it 16-byte aligned (a probe on the H100: static at byte 1024, the region right behind it), so it starts SMEM_BASE
-// bytes past a 128-byte boundary. At 48 (the bare RingSync) every ring slot, x and the sums straddled 32-byte
-// sectors: the step ran 4 % slower (BENCHMARKS.md)
+// bytes past a 128-byte boundary. At 48 (where the bare RingSync left it) every buffer of the region started off a
+// 32-byte sector and the step ran 4 % slower (H100, BENCHMARKS.md); which accesses pay is not measured yet
 struct SyncArea {
   RingSync rs;
 #if PHASE_STAMPS >= 2
