@@ -11,8 +11,7 @@ from rich.table import Table
 
 from megakernel_agent.tasks.kimi_linear.config import KimiConfig
 from megakernel_agent.tasks.kimi_linear.step_model import (
-    STAMPED_KNOBS,
-    UNMODELLED_KNOBS,
+    UNPREDICTED_KNOBS,
     WHAT_IFS,
     MachineModel,
     StepEstimate,
@@ -99,7 +98,7 @@ def knob_moves(cfg: KimiConfig, knobs: dict[str, int], declared: dict[str, list[
     the model has no term for."""
     rows = []
     for name, values in declared.items():
-        if name in STAMPED_KNOBS + UNMODELLED_KNOBS:
+        if name in UNPREDICTED_KNOBS:
             continue
         for v in values:
             if v != knobs[name]:

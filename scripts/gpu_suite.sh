@@ -31,8 +31,8 @@ set_knobs() {  # set_knobs FILE KNOB=VALUE[,KNOB=VALUE...]: rewrite the @knob de
 
 knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PATCH against the patched seed at each
                      # VARIANT (KNOB=VALUE[,KNOB=VALUE...], the patch's knobs), interleaved `compare` at 2K and 16K, then
-                     # the barrier stamps at 2K of the seed before and of the last variant (NO_PHASES=1: none;
-                     # ALL_PHASES=1: of every version), and with
+                     # the barrier stamps at 2K (PHASES_CTX: another context) of the seed before and of the last
+                     # variant (NO_PHASES=1: none; ALL_PHASES=1: of every version), and with
                      # KIMI_TESTS=1 tests/test_gpu_kimi.py on the patched seed. The first variant's first knob tells
                      # whether PATCH has landed in the seed (then the patch reversed gives the seed before). With
                      # PATCH_BASE (a kernel file), that file is the seed before and the one patched.
@@ -63,7 +63,7 @@ knob_experiment() {  # knob_experiment PATCH NAME VARIANT...: the seed before PA
   [ -n "${ALL_PHASES:-}" ] && stamped=("${vs[@]}")
   for k in "${stamped[@]}"; do
     local tag; tag=$(basename "$k" .cu); tag=${tag//[=,]/-}   # the device tool brings back no name with = or ,
-    timeout 150 python3 run_agent.py bench "$k" --ctx 2048 --phases 2>&1 | tee "$OUT/${name}_phases_$tag.log" |
+    timeout 150 python3 run_agent.py bench "$k" --ctx "${PHASES_CTX:-2048}" --phases 2>&1 | tee "$OUT/${name}_phases_$tag.log" |
       grep -E "timeline|L0 kda project|o_proj|attention|merge|g/u|total"
   done
 }
@@ -301,14 +301,9 @@ PY
       KIMI_TESTS=1 knob_experiment traces/examples/kimi-smem-base/smem-base.patch smembase "${vs[@]}" ;;
     apartctx)  # the attention partials' context floats on a 128-byte line (apart-ctx.patch, APART_CTX; 50th session, after
                # SMEM_BASE): the seed, the patch at 2 (control: the seed's .text) and 32, interleaved at 2K and 16K; then
-               # each value's barrier stamps at 16K (the merge phase reads the most there)
-      x=traces/examples/kimi-apart-ctx/apart-ctx.patch
-      NO_PHASES=1 knob_experiment $x apartctx APART_CTX=2 APART_CTX=32
-      for v in 2 32; do
-        k=$(patched $x "seed-apartctx-$v") && set_knobs "$k" "APART_CTX=$v" &&
-          timeout 150 python3 run_agent.py bench "$k" --ctx 16384 --phases 2>&1 | tee "$OUT/apartctx_phases_$v.log" |
-          grep -E "timeline|attention|merge|total"
-      done ;;
+               # every version's barrier stamps at 16K (the merge phase reads the most there)
+      ALL_PHASES=1 PHASES_CTX=16384 knob_experiment traces/examples/kimi-apart-ctx/apart-ctx.patch apartctx APART_CTX=2 \
+        APART_CTX=32 ;;
     ringshift)  # which accesses pay for a shared region off its 128-byte boundary (ring-shift.patch, RING_SHIFT; 50th
                 # session, a probe): the seed against the ring alone misaligned, everything but the ring misaligned,
                 # and everything misaligned (the pre-SMEM_BASE layout), interleaved at 2K and 16K

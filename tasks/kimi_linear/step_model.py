@@ -46,6 +46,7 @@ STAMPED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
 # Knobs the model has no term for: a move of one is not modelled at all. SMEM_BASE, where the shared region starts
 # past a 128-byte boundary, moved the step by 4 % on the H100 (fiftieth session); the model charges no alignment.
 UNMODELLED_KNOBS = ("SMEM_BASE",)
+UNPREDICTED_KNOBS = STAMPED_KNOBS + UNMODELLED_KNOBS   # a move of any of these gets no prediction from one profile
 # The GEMV loop's own knobs (1: on) scale both compute figures, which were probed on the loop with both off.
 # Fitted to their measured end-to-end changes against a byte-identical control (H100, BENCHMARKS.md, thirty-
 # ninth session: -1.3 and -1.0 µs/token at 2K); the instructions they remove (~9 % and ~5 % of a chunk step)
