@@ -145,6 +145,7 @@ for step in "$@"; do
     phases) timeout 300 python3 scripts/kimi_phase_profile.py 2>&1 | tee "$OUT/phases.log" ;;
     host) timeout 300 python3 scripts/kimi_host_cost.py --apis 2>&1 | tee "$OUT/host.log" ;;
     probe) timeout 120 python3 scripts/stream_probe.py 2>&1 | tee "$OUT/probe.log" ;;
+    alignprobe) timeout 120 python3 scripts/bulk_align_probe.py 2>&1 | tee "$OUT/bulk_align_probe.log" ;;   # 51st session
     tcprobe) timeout 120 python3 scripts/tc_gemv_probe.py 2>&1 | tee "$OUT/tc_probe.log" ;;   # issue 28, step 1
     chunkprobe)  # one ring chunk step of the seed's GEMV, and of the seed with its fp16 loop (the model's figures)
       k=$(patched traces/examples/kimi-dp2a/seed-fp16-loop.patch seed-fp16-loop) || { echo "patch failed"; continue; }
