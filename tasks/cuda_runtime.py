@@ -34,6 +34,7 @@ _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 _CUDA_ERROR_OUT_OF_MEMORY = 2
 _CUDA_ERROR_NOT_FOUND = 500   # cuModuleGetGlobal: no such symbol
+CONTRACT_MEMORY_LIMIT = 1 << 30   # bytes of scratch and counters a kernel may ask its binding for (the seeds: ~25 MB)
 CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
 
 
@@ -158,6 +159,16 @@ class LaunchContract:
     dynamic_smem: int
     scratch_bytes: int
     counter_words: int
+
+    def check_memory(self) -> None:
+        """KernelContractError if the buffers the kernel asks for exceed CONTRACT_MEMORY_LIMIT: a binding
+        allocates them anew for each kernel it runs, so a kernel that took most of the GPU's memory would make
+        the next kernel's allocation fail, and that kernel would be blamed."""
+        asked = self.scratch_bytes + 4 * self.counter_words
+        if asked > CONTRACT_MEMORY_LIMIT:
+            raise KernelContractError(
+                f"the kernel asks for {self.scratch_bytes} bytes of scratch and {self.counter_words} counter words "
+                f"({asked} bytes); at most {CONTRACT_MEMORY_LIMIT} bytes are allowed")
 
 
 class CubinModule:
@@ -284,6 +295,7 @@ def _loaded(module: CubinModule | _CompiledModule, entry: str, declarations: lis
         scratch_bytes=values["scratch_bytes"],
         counter_words=values["counter_words"],
     )
+    kernel.contract.check_memory()
     if kernel.contract.dynamic_smem > 48 * 1024:
         drv.set_max_dynamic_smem(handle, kernel.contract.dynamic_smem)
     return kernel

@@ -3,7 +3,7 @@
 Each cheat is the seed plus a line or two that makes it do no work (an early return from every block)
 whenever it believes it is being timed. All of them pass the check protocol; before timed samples were
 verified, each would have been kept as a many-fold "speedup". Also: a kernel that writes into weights it
-does not own, and a host file named in an include.
+does not own, one that asks for most of the GPU's memory, and a host file named in an include.
 """
 
 from pathlib import Path
@@ -110,3 +110,13 @@ def test_an_include_of_a_host_file_is_refused_before_the_compiler_sees_it(pool):
     assert res.failure is not None and res.failure.cls == FailureClass.build
     assert res.failure.message.startswith("line 1: only #include <header>")
     assert first not in res.model_dump_json()
+
+
+def test_a_kernel_asking_for_most_of_the_gpus_memory_is_refused_and_the_next_one_runs(pool):
+    """Had its scratch been allocated, the next kernel's own allocation would fail and be blamed on that kernel."""
+    hog = cheat("", contract=CONTRACT.replace("4 * SCRATCH_FLOATS", "(120ull << 30)"))
+    res = pool.evaluate(Candidate(source=hog), time=False)
+    assert res.failure is not None and res.failure.cls == FailureClass.build, res.failure
+    assert f"{120 << 30} bytes of scratch" in res.failure.message
+    after = pool.evaluate(Candidate(source=SEED), time=False)
+    assert after.ok, after.failure
