@@ -32,6 +32,7 @@ _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 _CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
 _CUDA_ERROR_OUT_OF_MEMORY = 2
 _CUDA_ERROR_NOT_FOUND = 500   # cuModuleGetGlobal: no such symbol
 CONTRACT_MEMORY_LIMIT = 1 << 30   # bytes of scratch and counters a kernel may ask its binding for (the seeds: ~25 MB)
@@ -131,13 +132,18 @@ class _Driver:
         self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
     def sm_count(self) -> int:
-        dev, count = ctypes.c_int(), ctypes.c_int()
+        return self.device_attribute(_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT")
+
+    def max_dynamic_smem(self) -> int:
+        """The most dynamic shared memory one block may opt in to on this context's device."""
+        return self.device_attribute(_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                     "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+
+    def device_attribute(self, attribute: int, name: str) -> int:
+        dev, value = ctypes.c_int(), ctypes.c_int()
         self.check(self.lib.cuCtxGetDevice(ctypes.byref(dev)), "cuCtxGetDevice")
-        self.check(
-            self.lib.cuDeviceGetAttribute(ctypes.byref(count), _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
-        )
-        return count.value
+        self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, dev), f"cuDeviceGetAttribute({name})")
+        return value.value
 
 
 _driver: _Driver | None = None
@@ -296,6 +302,9 @@ def _loaded(module: CubinModule | _CompiledModule, entry: str, declarations: lis
         counter_words=values["counter_words"],
     )
     kernel.contract.check_memory()
+    if kernel.contract.dynamic_smem > drv.max_dynamic_smem():
+        raise KernelContractError(f"the kernel asks for {kernel.contract.dynamic_smem} bytes of dynamic shared memory "
+                                  f"per block; this GPU allows at most {drv.max_dynamic_smem()}")
     if kernel.contract.dynamic_smem > 48 * 1024:
         drv.set_max_dynamic_smem(handle, kernel.contract.dynamic_smem)
     return kernel

@@ -112,11 +112,14 @@ def test_an_include_of_a_host_file_is_refused_before_the_compiler_sees_it(pool):
     assert first not in res.model_dump_json()
 
 
-def test_a_kernel_asking_for_most_of_the_gpus_memory_is_refused_and_the_next_one_runs(pool):
-    """Had its scratch been allocated, the next kernel's own allocation would fail and be blamed on that kernel."""
-    hog = cheat("", contract=CONTRACT.replace("4 * SCRATCH_FLOATS", "(120ull << 30)"))
-    res = pool.evaluate(Candidate(source=hog), time=False)
+@pytest.mark.parametrize("asks, said", [
+    (("4 * SCRATCH_FLOATS", "(120ull << 30)"), f"{120 << 30} bytes of scratch"),
+    (("DYN_SMEM", "(1u << 20)"), f"{1 << 20} bytes of dynamic shared memory"),
+])
+def test_a_kernel_asking_for_more_memory_than_it_may_have_is_refused_and_the_next_one_runs(pool, asks, said):
+    """Had 120 GB of scratch been allocated, the next kernel's own allocation would fail and be blamed on it."""
+    res = pool.evaluate(Candidate(source=cheat("", contract=CONTRACT.replace(*asks))), time=False)
     assert res.failure is not None and res.failure.cls == FailureClass.build, res.failure
-    assert f"{120 << 30} bytes of scratch" in res.failure.message
+    assert said in res.failure.message
     after = pool.evaluate(Candidate(source=SEED), time=False)
     assert after.ok, after.failure
