@@ -305,6 +305,9 @@ PY
                # every version's barrier stamps at 16K (the merge phase reads the most there)
       ALL_PHASES=1 PHASES_CTX=16384 knob_experiment traces/examples/kimi-apart-ctx/apart-ctx.patch apartctx APART_CTX=2 \
         APART_CTX=32 ;;
+    keypad)  # the attention's cache-tile rows on 32-byte sectors (key-pad.patch, KEY_PAD; 51st session, after bulk_align_probe):
+             # the seed, the patch at 8 (control: the seed's .text) and 16, interleaved at 2K and 16K; stamps at 16K
+      ALL_PHASES=1 PHASES_CTX=16384 knob_experiment traces/examples/kimi-key-pad/key-pad.patch keypad KEY_PAD=8 KEY_PAD=16 ;;
     ringshift)  # which accesses pay for a shared region off its 128-byte boundary (ring-shift.patch, RING_SHIFT; 50th
                 # session, a probe): the seed against the ring alone misaligned, everything but the ring misaligned,
                 # and everything misaligned (the pre-SMEM_BASE layout), interleaved at 2K and 16K
