@@ -7,7 +7,10 @@ poisoned buffers, counters in its globals or scratch, the clock). So timing does
 alike. Each sample times a chain from fresh inputs drawn like the checker's (a new seed, poisoned the
 same way), after a warm-up on a throwaway chain of its own (the timed tokens do not exist before the
 timed window, so no work can be done on them ahead of it). Every step writes its output to a buffer of
-its own. The chain is then replayed untimed from a copy of its inputs: every output and the final state
+its own. The chain is then replayed untimed from a copy of its inputs kept in host memory, which no kernel
+can address (device copies could be found and rewritten by the kernel under test, e.g. all zeroed so that
+doing nothing matches), and the timed run's end state is copied out first (a binding may hand out views of
+buffers that the replay rewrites): every output and the final state
 must be bit-identical to the timed run's, the rows of the cache the chain started with must be
 untouched, and one step, picked only after the timed run and not marked in any way the kernel could see
 in its buffers, is checked against the fp32 reference from the candidate's own state before it. A kernel
@@ -36,6 +39,19 @@ def _chain(task: Task, seed: int, ctx: int, length: int, device) -> tuple[list[t
     output is not its successor's input, which would grow the residual stream without bound) and the state."""
     hidden, state = task.make_inputs(seed, ctx, device)
     return [hidden] + [task.make_token(seed + i, device) for i in range(1, length)], state
+
+
+class HostCopy:
+    """A tensor's bytes in host memory that no kernel can address (pageable numpy, not pinned or mapped). The
+    replay's inputs are rebuilt from these after the timed run: device copies made before it could have been
+    found and rewritten by the kernel under test (e.g. every input zeroed, so that doing nothing matches)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.dtype, self.shape = t.dtype, t.shape
+        self.data = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().copy()
+
+    def tensor(self, device) -> torch.Tensor:
+        return torch.from_numpy(self.data.copy()).view(self.dtype).reshape(self.shape).to(device)
 
 
 def _run(model, tokens: list[torch.Tensor], state, outs: list[torch.Tensor] | None = None):
@@ -94,13 +110,16 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
         checker.poison(warm_state)
         _run(model, warm_tokens, warm_state, _poisoned_outputs(warm_tokens))
         tokens, pristine = _chain(task, seed, ctx, steps, device)
-        kept_tokens = [t.clone() for t in tokens]   # the replay's own: the timed run's may not be written to
+        kept = [HostCopy(t) for t in tokens], [{k: HostCopy(v) for k, v in st.items()} for st in pristine]
         outs, state = _poisoned_outputs(tokens), clone_state(pristine)
+        del pristine   # what the replay starts from is rebuilt from `kept`, after the timed run
         checker.poison(state)
         torch.cuda.synchronize(device)
         gpu, host, state = _timed(model, tokens, state, stream, outs)
+        state = clone_state(state)   # the timed run's own end: a binding may hand out views the replay rewrites
+        kept_tokens = [t.tensor(device) for t in kept[0]]
         written = [i for i, (a, b) in enumerate(zip(tokens, kept_tokens, strict=True)) if not _same_bits(a, b)]
-        check = (_verify(task, checker, kept_tokens, pristine, (outs, state), seed, ctx, rng.randrange(steps))
+        check = (_verify(task, checker, kept_tokens, kept[1], (outs, state), seed, ctx, rng.randrange(steps))
                  if not written else _tampered(seed, ctx, f"the kernel wrote into its input tokens {written[:4]}"))
         checks.append(check)
         gpu_us.append(gpu)
@@ -110,10 +129,17 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
     return gpu_us, host_us, checks
 
 
-def _verify(task: Task, checker, tokens, pristine, timed, seed: int, ctx: int, verified: int) -> SampleCheck:
-    """Replay the chain from `pristine` exactly as it was timed, keeping the state around step `verified`;
-    then compare the replay with the timed run bit for bit and that step with the reference."""
-    outs, state = _poisoned_outputs(tokens), clone_state(pristine)
+def _pristine(kept: list[dict[str, HostCopy]], device) -> list[dict[str, torch.Tensor]]:
+    return [{k: v.tensor(device) for k, v in st.items()} for st in kept]
+
+
+def _verify(task: Task, checker, tokens, kept: list[dict[str, HostCopy]], timed, seed: int, ctx: int,
+            verified: int) -> SampleCheck:
+    """Replay the chain from the host's copy of its state exactly as it was timed, keeping the state around
+    step `verified`; then compare the replay with the timed run bit for bit, the cache rows the chain was
+    given with that copy (fetched again: the replay's kernel ran since), and that step with the reference."""
+    device = tokens[0].device
+    outs, state = _poisoned_outputs(tokens), _pristine(kept, device)
     checker.poison(state)
     before = after = None
     for i, token in enumerate(tokens):
@@ -127,7 +153,7 @@ def _verify(task: Task, checker, tokens, pristine, timed, seed: int, ctx: int, v
     timed_outs, timed_state = timed
     differing = [f"out[{i}]" for i, (a, b) in enumerate(zip(timed_outs, outs, strict=True)) if not _same_bits(a, b)]
     differing += _state_differences(timed_state, state)
-    changed = [k for k, same in task.untouched(pristine, state, ctx).items() if not same]
+    changed = [k for k, same in task.untouched(_pristine(kept, device), state, ctx).items() if not same]
     slack = task.spec.continuation_slack if verified else 1.0   # step 0 runs from the fresh state, not its own
     case = checker.judge("timed", seed, ctx + verified, tokens[verified], before, outs[verified], after, verified,
                          slack)

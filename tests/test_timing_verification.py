@@ -152,3 +152,84 @@ def test_the_first_step_of_a_chain_is_judged_at_the_plain_tolerance(monkeypatch)
     run(monkeypatch, Candidate(), Cycling(5))
     assert (0, 1.0) in judged and (1, TASK.spec.continuation_slack) in judged
     assert all(slack == (1.0 if step == 0 else TASK.spec.continuation_slack) for step, slack in judged)
+
+
+def _tensors(obj):
+    """Every tensor reachable from `obj` through lists, tuples and dicts (what a kernel could find in device memory)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def test_zeroing_every_input_it_can_reach_during_the_timed_run_is_refused(monkeypatch):
+    """The red team's cheat (fifty-first session): at the timed run's first step the kernel zeroes every tensor
+    of the sample it can find (here: the timing loop's own locals, standing in for addresses found in device
+    memory), tokens, state and the copies the replay would start from, then does nothing: with a zero token
+    and a zero state the reference's output is exactly zero. The replay's inputs come from host memory."""
+    import sys
+
+    class Zeroer(Candidate):
+        def step(self, hidden, state, out=None):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name != "time_candidate":
+                frame = frame.f_back
+            timed = (frame is not None and "_verify" not in {f.f_code.co_name for f in _frames()}
+                     and any(out is o for o in frame.f_locals.get("outs") or []))
+            zero = not bool(hidden.any()) and not any(bool(t.any()) for t in _tensors(state))
+            if timed or zero:   # nothing to do: the output and the new cache rows are zero
+                if timed and out is frame.f_locals["outs"][0]:
+                    for t in _tensors(list(frame.f_locals.values())):
+                        t.zero_()
+                    for t in _tensors(state):
+                        t.zero_()
+                for i in self.mla:
+                    for k in ("c_kv", "k_rope"):
+                        v = state[i][k]
+                        state[i][k] = torch.cat([v, v.new_zeros(1, v.shape[1])], 0)
+                out.zero_()
+                return out, state
+            return super().step(hidden, state, out)
+
+    def _frames():
+        f = sys._getframe()
+        while f is not None:
+            yield f
+            f = f.f_back
+
+    real, _, checks = run(monkeypatch, Zeroer())
+    assert real == [0.0] and not checks[0].passed, checks[0]
+    assert "ended differently" in checks[0].message or "input tokens" in checks[0].message
+
+
+def test_the_timed_runs_end_state_is_compared_even_where_the_binding_reuses_its_buffers(monkeypatch):
+    """Like the Kimi binding, this candidate hands out its cache as views of buffers it owns and refills them
+    from the state it is given, so the replay rewrites what the timed run returned. Its timed run writes a
+    wrong new cache row at its last step (the replay writes the right one): before the timed state was copied
+    out, it was compared with itself."""
+    class Reusing(Candidate):
+        def __init__(self):
+            super().__init__()
+            self.buf = {}
+
+        def step(self, hidden, state, out=None):
+            out, state = super().step(hidden, state, out)
+            for i in self.mla:
+                for k in ("c_kv", "k_rope"):
+                    v = state[i][k]
+                    buf = self.buf.setdefault((i, k), torch.empty(4 * CTX + 64, v.shape[1], dtype=v.dtype))
+                    buf[: v.shape[0]].copy_(v)
+                    if self.last_timed_step():
+                        buf[v.shape[0] - 1] += 1.0   # the new row, wrong (no timed output reads it)
+                    state[i][k] = buf[: v.shape[0]]
+            return out, state
+
+        def last_timed_step(self):
+            return (self.calls - 1) % (STEPS * 2 + WARMUP) == WARMUP + STEPS - 1
+
+    _, _, checks = run(monkeypatch, Reusing())
+    assert not checks[0].passed and "ended differently" in checks[0].message, checks[0]
