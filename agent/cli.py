@@ -334,7 +334,7 @@ def cmd_model(args) -> int:
     from megakernel_agent.agent import schedule_model as sm
     from megakernel_agent.agent.preflight import task_for
     from megakernel_agent.sandbox.candidate import parse_knobs
-    from megakernel_agent.tasks.kimi_linear.step_model import STAMPED_KNOBS, UNMODELLED_KNOBS, simulate, stamped_spans
+    from megakernel_agent.tasks.kimi_linear.step_model import STAMPED_KNOBS, simulate, stamped_spans
 
     task = task_for(DEFAULT_TASK, "full")
     seed, _ = kernel_arg(argparse.Namespace(kernel=args.kernel, knob=args.knob), task)
@@ -347,9 +347,6 @@ def cmd_model(args) -> int:
     if stamped_moves:
         console.print(f"note: {', '.join(stamped_moves)} change phases the model takes from the timeline's stamps; "
                       "they are right only if the timeline was profiled with the same values")
-    unmodelled = sorted(k for k, _ in args.knob or [] if k in UNMODELLED_KNOBS)
-    if unmodelled:
-        console.print(f"note: the model has no term for {', '.join(unmodelled)}; the estimate ignores it")
     base = simulate(cfg, knobs, machine, fixed)
     sm.print_estimate(base, timeline, console)
     if args.moves:

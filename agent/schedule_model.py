@@ -11,7 +11,7 @@ from rich.table import Table
 
 from megakernel_agent.tasks.kimi_linear.config import KimiConfig
 from megakernel_agent.tasks.kimi_linear.step_model import (
-    UNPREDICTED_KNOBS,
+    STAMPED_KNOBS,
     WHAT_IFS,
     MachineModel,
     StepEstimate,
@@ -94,11 +94,10 @@ def print_moves(rows: list[tuple[str, float]], base_us: float, console: Console,
 def knob_moves(cfg: KimiConfig, knobs: dict[str, int], declared: dict[str, list[int]], machine: MachineModel,
                fixed: dict[str, float]) -> list[tuple[str, float]]:
     """Every one-knob move from `knobs` over the declared values, modelled. The launch-shape knobs and the
-    attention's split are left out (they change the phases the model takes from the stamps), and so are the knobs
-    the model has no term for."""
+    attention's split are left out (they change the phases the model takes from the stamps)."""
     rows = []
     for name, values in declared.items():
-        if name in UNPREDICTED_KNOBS:
+        if name in STAMPED_KNOBS:
             continue
         for v in values:
             if v != knobs[name]:

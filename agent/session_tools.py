@@ -237,7 +237,7 @@ class SessionTools:
                 raise ToolError(f"{vid} has no phase timeline: profile it first (the model takes the phases it "
                                 "does not simulate from the version's stamps)")
             raise ToolError(f"the schedule model mirrors the seed's own source and takes the launch shape and the "
-                            f"attention's split from the stamps and has no term for SMEM_BASE: {vid}'s source is "
+                            f"attention's split from the stamps: {vid}'s source is "
                             "not the seed's, or the move changes one of those knobs (profile a version with the "
                             "launch shape or split and model moves from it)")
         vid, stamped, base, new = got

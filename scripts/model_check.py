@@ -74,7 +74,7 @@ def main() -> int:
             continue
         knobs = knobs_of(v.label)
         modelled = task.model_step(seed, knobs, stamped["seed"], stamped_knobs={})
-        if modelled is None:   # a launch-shape, attention-split or unmodelled knob (SMEM_BASE): no prediction
+        if modelled is None:   # a launch-shape or attention-split knob: no prediction
             t.add_row(v.label, v.check, "", "", "not modelled", "")
             continue
         predicted = modelled.kernel_us - base_model.kernel_us

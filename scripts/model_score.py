@@ -30,7 +30,7 @@ import numpy  # noqa: E402
 from megakernel_agent.sandbox.candidate import parse_knobs, resolve_knobs  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.config import FULL  # noqa: E402
 from megakernel_agent.tasks.kimi_linear.step_model import (  # noqa: E402
-    UNPREDICTED_KNOBS,
+    STAMPED_KNOBS,
     machine_from,
     simulate,
     stamped_spans,
@@ -52,7 +52,7 @@ def tuner_moves(trace: Path, ctx: int) -> list[tuple[str, dict[str, int], float]
     out = []
     for p in (r for r in records if r["type"] == "proposal" and r["id"] in timed):
         moved = {k: v for k, v in p["knobs"].items() if seed["knobs"].get(k) != v}
-        if any(k in UNPREDICTED_KNOBS for k in moved):
+        if any(k in STAMPED_KNOBS for k in moved):
             continue
         label = ",".join(f"{k}={v}" for k, v in moved.items())
         out.append((f"{p['id']} {label}", moved, timed[p["id"]][ctx] - base[ctx]))

@@ -43,10 +43,6 @@ EPS = 1e-9
 # Knobs whose effect lies in the phases taken from the stamps (the launch shape, the attention's split): a move
 # of one of them is not modelled, the stamps of a version that has it are needed
 STAMPED_KNOBS = ("THREADS", "BLOCKS_PER_SM", "ATTN_MAX_SPLITS")
-# Knobs the model has no term for: a move of one is not modelled at all. SMEM_BASE, where the shared region starts
-# past a 128-byte boundary, moved the step by 4 % on the H100 (fiftieth session); the model charges no alignment.
-UNMODELLED_KNOBS = ("SMEM_BASE",)
-UNPREDICTED_KNOBS = STAMPED_KNOBS + UNMODELLED_KNOBS   # a move of any of these gets no prediction from one profile
 # The GEMV loop's own knobs (1: on) scale both compute figures, which were probed on the loop with both off.
 # Fitted to their measured end-to-end changes against a byte-identical control (H100, BENCHMARKS.md, thirty-
 # ninth session: -1.3 and -1.0 µs/token at 2K); the instructions they remove (~9 % and ~5 % of a chunk step)
@@ -119,6 +115,12 @@ class MachineModel(BaseModel):
                                                        "issues the unit's first chunk")
     release_draws: int = Field(4, ge=1, le=64, description="random release orders a step is averaged over (one "
                                                            "order moves a knob's modelled effect by up to ~5 µs)")
+    misaligned_copy_us_per_kb: float = Field(0.025, ge=0, description="a weight-ring copy whose shared destination "
+                                             "lies an odd multiple of 16 B past a 32-byte sector lands this much "
+                                             "later per KB (bulk_align_probe, H100, every block copying: a 32 KB copy "
+                                             "3,737 cycles at 48 B past against 2,129 aligned, +0.81 µs; at 32 or 64 B "
+                                             "past as fast as aligned). The ring lies SMEM_BASE past a line (absent: "
+                                             "0, the seed's placement since the fiftieth session)")
     loads_behind_copies: bool = Field(False, description="a block's rounds of L2 loads (a down unit's partials, a "
                                       "split-K finish's sums) end no earlier than every copy its SM issued before "
                                       "them has landed. Measured in a probe (twenty-third session: +0.9-1.7 µs a "
@@ -317,7 +319,8 @@ class StepSimulation:
     simulate (by phase name)."""
 
     def __init__(self, plan: list[Phase], grid: int, blocks_per_sm: int, machine: MachineModel,
-                 fixed_us: dict[str, float], draw: int = 0, await_early: bool = False, defer_second: bool = False):
+                 fixed_us: dict[str, float], draw: int = 0, await_early: bool = False, defer_second: bool = False,
+                 ring_offset: int = 0):
         missing = [p.name for p in plan if not p.simulated and p.name not in fixed_us]
         if missing:
             raise ValueError(f"no stamped span for the phases the model does not simulate: {missing}")
@@ -329,6 +332,8 @@ class StepSimulation:
         # the kernel's DEFER_SECOND (a patch's knob, forty-ninth session): a table whose first unit awaits its input
         # issues that unit's second chunk after the input is staged, not with the first
         self.defer_second = defer_second
+        # a ring copy's extra landing delay per byte where the ring starts off a 32-byte sector (SMEM_BASE)
+        self.misaligned_us_per_byte = machine.misaligned_copy_us_per_kb / 1024 if ring_offset % 32 else 0.0
         self.sm_copies: dict[int, list[simpy.Event]] = defaultdict(list)   # SM -> its copies' landings
         self.env = simpy.Environment()
         bandwidth = machine.dram_tbs * 1e6                                                  # bytes per µs
@@ -353,7 +358,8 @@ class StepSimulation:
         return block % len(self.slots)
 
     def fetch(self, block: int, chunk: Chunk) -> simpy.Event:
-        landed = self.dram.transfer(chunk.bytes, self.m.dram_latency_us, self.sm_of(block))
+        latency = self.m.dram_latency_us + chunk.bytes * self.misaligned_us_per_byte
+        landed = self.dram.transfer(chunk.bytes, latency, self.sm_of(block))
         if self.m.loads_behind_copies:
             self.sm_copies[self.sm_of(block)].append(landed)
         return landed
@@ -532,7 +538,8 @@ def simulate(cfg: KimiConfig, knobs: dict[str, int], machine: MachineModel, fixe
     machine = machine.model_copy(update={"compute_scale": machine.compute_scale * loop})
     early = bool(knobs.get("AWAIT_EARLY", 0))   # patches' knobs; absent: off (the seed has neither)
     defer = bool(knobs.get("DEFER_SECOND", 0))
-    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d, early, defer).run()
+    ring = knobs.get("SMEM_BASE", 0)
+    draws = [StepSimulation(plan, machine.sms * per_sm, per_sm, machine, fixed_us, d, early, defer, ring).run()
              for d in range(machine.release_draws)]
     return averaged(draws)
 

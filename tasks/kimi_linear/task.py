@@ -198,14 +198,14 @@ class KimiTask(Task):
                    stamped_knobs: dict[str, int] | None = None) -> ModelledStep | None:
         """The seed's discrete-event schedule model (step_model.py); only the seed's own source is modelled:
         the work plan mirrors its schedule, and an edited kernel may not keep it."""
-        from .step_model import UNPREDICTED_KNOBS, WHAT_IFS, machine_from, simulate, stamped_spans
+        from .step_model import STAMPED_KNOBS, WHAT_IFS, machine_from, simulate, stamped_spans
 
         if source_sha256(source) != source_sha256(self.seed_source()):
             return None
         declared = parse_knobs(source)
         if stamped_knobs is not None:
             moved = resolve_knobs(declared, knobs), resolve_knobs(declared, stamped_knobs)
-            if any(moved[0][k] != moved[1][k] for k in UNPREDICTED_KNOBS if k in moved[0]):
+            if any(moved[0][k] != moved[1][k] for k in STAMPED_KNOBS if k in moved[0]):
                 return None
         what = {w.key: w for w in WHAT_IFS}
         if what_if is not None and what_if not in what:
