@@ -48,10 +48,10 @@ class HostCopy:
 
     def __init__(self, t: torch.Tensor):
         self.dtype, self.shape = t.dtype, t.shape
-        self.data = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().copy()
+        self.data = t.detach().to("cpu", copy=True).contiguous().reshape(-1).view(torch.uint8).numpy()
 
     def tensor(self, device) -> torch.Tensor:
-        return torch.from_numpy(self.data.copy()).view(self.dtype).reshape(self.shape).to(device)
+        return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape).to(device, copy=True)
 
 
 def _run(model, tokens: list[torch.Tensor], state, outs: list[torch.Tensor] | None = None):
