@@ -8,15 +8,17 @@ alike. Each sample times a chain from fresh inputs drawn like the checker's (a n
 same way), after a warm-up on a throwaway chain of its own (the timed tokens do not exist before the
 timed window, so no work can be done on them ahead of it). Every step writes its output to a buffer of
 its own. The chain is then replayed untimed from a copy of its inputs kept in host memory, which no kernel
-can address (device copies could be found and rewritten by the kernel under test, e.g. all zeroed so that
-doing nothing matches), and the timed run's end state is copied out first (a binding may hand out views of
-buffers that the replay rewrites): every output and the final state
+can address: a kernel may find and rewrite any device buffer, so everything the verdict reads (the inputs,
+the timed run's outputs and end state, the replay's state around the step it checks) is copied to the host
+the moment it exists (device copies were once all zeroed by a red team's kernel, so that doing nothing
+matched; and a binding may hand out views of buffers that the replay rewrites). Every output and the final state
 must be bit-identical to the timed run's, the rows of the cache the chain started with must be
 untouched, and one step, picked only after the timed run and not marked in any way the kernel could see
 in its buffers, is checked against the fp32 reference from the candidate's own state before it. A kernel
 that works on fewer steps than it is timed on fails the check on one of them as often as it skips one
 (each of 21 samples per evaluation picks anew); one that behaves differently when timed ends differently
-from its replay.
+from its replay. Not closed: within the timed window every token of the chain is in device memory from its
+first step, so a kernel that found them could work on later steps early (with correct results).
 """
 
 from __future__ import annotations
@@ -41,17 +43,22 @@ def _chain(task: Task, seed: int, ctx: int, length: int, device) -> tuple[list[t
     return [hidden] + [task.make_token(seed + i, device) for i in range(1, length)], state
 
 
-class HostCopy:
-    """A tensor's bytes in host memory that no kernel can address (pageable numpy, not pinned or mapped). The
-    replay's inputs are rebuilt from these after the timed run: device copies made before it could have been
-    found and rewritten by the kernel under test (e.g. every input zeroed, so that doing nothing matches)."""
+def _host(x):
+    """A copy of a tensor (or of a list / dict of them) in pageable host memory, which no kernel can address."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", copy=True)
+    if isinstance(x, dict):
+        return {k: _host(v) for k, v in x.items()}
+    return [_host(v) for v in x]
 
-    def __init__(self, t: torch.Tensor):
-        self.dtype, self.shape = t.dtype, t.shape
-        self.data = t.detach().to("cpu", copy=True).contiguous().reshape(-1).view(torch.uint8).numpy()
 
-    def tensor(self, device) -> torch.Tensor:
-        return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape).to(device, copy=True)
+def _on(x, device):
+    """A fresh device copy of what _host kept."""
+    if isinstance(x, torch.Tensor):
+        return x.to(device, copy=True)
+    if isinstance(x, dict):
+        return {k: _on(v, device) for k, v in x.items()}
+    return [_on(v, device) for v in x]
 
 
 def _run(model, tokens: list[torch.Tensor], state, outs: list[torch.Tensor] | None = None):
@@ -110,16 +117,15 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
         checker.poison(warm_state)
         _run(model, warm_tokens, warm_state, _poisoned_outputs(warm_tokens))
         tokens, pristine = _chain(task, seed, ctx, steps, device)
-        kept = [HostCopy(t) for t in tokens], [{k: HostCopy(v) for k, v in st.items()} for st in pristine]
+        kept_tokens, kept_state = _host(tokens), _host(pristine)   # the replay's inputs, out of the kernel's reach
         outs, state = _poisoned_outputs(tokens), clone_state(pristine)
-        del pristine   # what the replay starts from is rebuilt from `kept`, after the timed run
+        del pristine
         checker.poison(state)
         torch.cuda.synchronize(device)
         gpu, host, state = _timed(model, tokens, state, stream, outs)
-        state = clone_state(state)   # the timed run's own end: a binding may hand out views the replay rewrites
-        kept_tokens = [t.tensor(device) for t in kept[0]]
-        written = [i for i, (a, b) in enumerate(zip(tokens, kept_tokens, strict=True)) if not _same_bits(a, b)]
-        check = (_verify(task, checker, kept_tokens, kept[1], (outs, state), seed, ctx, rng.randrange(steps))
+        timed = _host(outs), _host(state)   # before the kernel runs again: it knows these buffers
+        written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
+        check = (_verify(task, checker, kept_tokens, kept_state, timed, seed, ctx, rng.randrange(steps), device)
                  if not written else _tampered(seed, ctx, f"the kernel wrote into its input tokens {written[:4]}"))
         checks.append(check)
         gpu_us.append(gpu)
@@ -129,36 +135,46 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
     return gpu_us, host_us, checks
 
 
-def _pristine(kept: list[dict[str, HostCopy]], device) -> list[dict[str, torch.Tensor]]:
-    return [{k: v.tensor(device) for k, v in st.items()} for st in kept]
+def _settle(device) -> None:
+    """Wait for every stream of `device`: a binding may launch on a stream of its own."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def _verify(task: Task, checker, tokens, kept: list[dict[str, HostCopy]], timed, seed: int, ctx: int,
-            verified: int) -> SampleCheck:
-    """Replay the chain from the host's copy of its state exactly as it was timed, keeping the state around
-    step `verified`; then compare the replay with the timed run bit for bit, the cache rows the chain was
-    given with that copy (fetched again: the replay's kernel ran since), and that step with the reference."""
-    device = tokens[0].device
-    outs, state = _poisoned_outputs(tokens), _pristine(kept, device)
+def _verify(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: list, timed, seed: int, ctx: int,
+            verified: int, device) -> SampleCheck:
+    """Replay the chain from host copies of its inputs exactly as it was timed; then compare the replay with the
+    timed run bit for bit, the cache rows the chain was given with their host copy, and step `verified` with the
+    reference. Everything the verdict reads is copied to the host the moment it exists (the state around step
+    `verified`, that step's output, the replay's end), and the reference starts from fresh device copies of those
+    after the replay: a kernel may rewrite any device buffer it can find, during any step."""
+    tokens = _on(kept_tokens, device)
+    outs, state = _poisoned_outputs(tokens), _on(kept_state, device)
     checker.poison(state)
-    before = after = None
+    before = after = out = None
     for i, token in enumerate(tokens):
         if i == verified:
-            before = clone_state(state)
+            _settle(device)
+            before = _host(state)
         _, state = checker.cand.step(token, state, out=outs[i])
         if i == verified:
-            after = clone_state(state)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+            _settle(device)
+            after, out = _host(state), _host(outs[i])
+    _settle(device)
+    replay_outs, replay_state = _host(outs), _host(state)
     timed_outs, timed_state = timed
-    differing = [f"out[{i}]" for i, (a, b) in enumerate(zip(timed_outs, outs, strict=True)) if not _same_bits(a, b)]
-    differing += _state_differences(timed_state, state)
-    changed = [k for k, same in task.untouched(_pristine(kept, device), state, ctx).items() if not same]
+    differing = [f"out[{i}]" for i, (a, b) in enumerate(zip(timed_outs, replay_outs, strict=True))
+                 if not _same_bits(a, b)]
+    differing += _state_differences(timed_state, replay_state)
+    written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
+    changed = [k for k, same in task.untouched(kept_state, replay_state, ctx).items() if not same]
     slack = task.spec.continuation_slack if verified else 1.0   # step 0 runs from the fresh state, not its own
-    case = checker.judge("timed", seed, ctx + verified, tokens[verified], before, outs[verified], after, verified,
-                         slack)
+    case = checker.judge("timed", seed, ctx + verified, _on(kept_tokens[verified], device), _on(before, device),
+                         _on(out, device), _on(after, device), verified, slack)
     message = ""
-    if differing:
+    if written:
+        message = f"the kernel wrote into its input tokens {written[:4]} in the untimed replay"
+    elif differing:
         message = (f"the timed run ended differently from its untimed replay in {differing[:4]}: the kernel does "
                    "not compute the same result when timed")
     elif changed:

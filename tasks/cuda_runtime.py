@@ -134,8 +134,8 @@ class _Driver:
     def sm_count(self) -> int:
         return self.device_attribute(_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT")
 
-    def max_dynamic_smem(self) -> int:
-        """The most dynamic shared memory one block may opt in to on this context's device."""
+    def max_block_smem(self) -> int:
+        """The most shared memory, static and dynamic together, one block may opt in to on this device."""
         return self.device_attribute(_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                      "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
 
@@ -302,10 +302,12 @@ def _loaded(module: CubinModule | _CompiledModule, entry: str, declarations: lis
         counter_words=values["counter_words"],
     )
     kernel.contract.check_memory()
-    if kernel.contract.dynamic_smem > drv.max_dynamic_smem():
+    smem = kernel.static_smem + kernel.contract.dynamic_smem
+    if smem > drv.max_block_smem():
         raise KernelContractError(f"the kernel asks for {kernel.contract.dynamic_smem} bytes of dynamic shared memory "
-                                  f"per block; this GPU allows at most {drv.max_dynamic_smem()}")
-    if kernel.contract.dynamic_smem > 48 * 1024:
+                                  f"per block besides {kernel.static_smem} static ({smem}); this GPU allows at most "
+                                  f"{drv.max_block_smem()} together")
+    if smem > 48 * 1024:   # past the default, a launch needs the opt-in
         drv.set_max_dynamic_smem(handle, kernel.contract.dynamic_smem)
     return kernel
 

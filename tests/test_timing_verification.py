@@ -170,8 +170,19 @@ def test_zeroing_every_input_it_can_reach_during_the_timed_run_is_refused(monkey
     """The red team's cheat (fifty-first session): at the timed run's first step the kernel zeroes every tensor
     of the sample it can find (here: the timing loop's own locals, standing in for addresses found in device
     memory), tokens, state and the copies the replay would start from, then does nothing: with a zero token
-    and a zero state the reference's output is exactly zero. The replay's inputs come from host memory."""
+    and a zero state the reference's output is exactly zero. The replay's inputs come from host memory, which a
+    kernel cannot reach: here, every tensor timing._host made is spared."""
     import sys
+
+    host = set()
+    keep = timing._host
+
+    def tagged(x):
+        kept = keep(x)
+        host.update(t.data_ptr() for t in _tensors(kept))
+        return kept
+
+    monkeypatch.setattr(timing, "_host", tagged)
 
     class Zeroer(Candidate):
         def step(self, hidden, state, out=None):
@@ -184,7 +195,8 @@ def test_zeroing_every_input_it_can_reach_during_the_timed_run_is_refused(monkey
             if timed or zero:   # nothing to do: the output and the new cache rows are zero
                 if timed and out is frame.f_locals["outs"][0]:
                     for t in _tensors(list(frame.f_locals.values())):
-                        t.zero_()
+                        if t.data_ptr() not in host:
+                            t.zero_()
                     for t in _tensors(state):
                         t.zero_()
                 for i in self.mla:
@@ -233,3 +245,46 @@ def test_the_timed_runs_end_state_is_compared_even_where_the_binding_reuses_its_
 
     _, _, checks = run(monkeypatch, Reusing())
     assert not checks[0].passed and "ended differently" in checks[0].message, checks[0]
+
+
+def _phase(cand) -> str:
+    """Which run of a sample a call belongs to, as a kernel's own call counter would tell (warm-up, timed, replay)."""
+    k = (cand.calls - 1) % (STEPS * 2 + WARMUP)
+    return "warm" if k < WARMUP else "timed" if k < WARMUP + STEPS else "replay"
+
+
+def test_rewriting_the_timed_runs_outputs_from_the_replay_is_refused(monkeypatch):
+    """A review's cheat (fifty-first session): the timed run writes junk outputs (skipping the work only they need)
+    and the replay, which knows the timed output buffers' addresses, copies its honest outputs into them. The timed
+    outputs are copied to the host before the kernel runs again."""
+    class Backfiller(Candidate):
+        def __init__(self):
+            super().__init__()
+            self.timed_outs = []
+
+        def step(self, hidden, state, out=None):
+            out, state = super().step(hidden, state, out)
+            if _phase(self) == "timed":
+                self.timed_outs.append(out)
+                out.fill_(1.0)
+            elif _phase(self) == "replay" and self.timed_outs:
+                self.timed_outs.pop(0).copy_(out)
+            return out, state
+
+    _, _, checks = run(monkeypatch, Backfiller())
+    assert not checks[0].passed and "ended differently" in checks[0].message, checks[0]
+
+
+def test_ignoring_the_token_and_zeroing_it_in_the_replay_is_refused(monkeypatch):
+    """A review's cheat: every step computed as if its token were zero, and in the replay the token buffer it was
+    handed is zeroed, so that the reference (which used to read that buffer) agreed. The reference now starts from
+    the host's copy of the token, and the replay's tokens are compared with it."""
+    class TokenBlind(Candidate):
+        def step(self, hidden, state, out=None):
+            out, state = super().step(torch.zeros_like(hidden), state, out)
+            if _phase(self) == "replay":
+                hidden.zero_()
+            return out, state
+
+    _, _, checks = run(monkeypatch, TokenBlind())
+    assert not checks[0].passed and "input tokens" in checks[0].message, checks[0]
