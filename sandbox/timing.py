@@ -123,6 +123,7 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
         checker.poison(state)
         torch.cuda.synchronize(device)
         gpu, host, state = _timed(model, tokens, state, stream, outs)
+        _settle(device)
         timed = _host(outs), _host(state)   # before the kernel runs again: it knows these buffers
         written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
         check = (_verify(task, checker, kept_tokens, kept_state, timed, seed, ctx, rng.randrange(steps), device)
