@@ -238,9 +238,13 @@ def _check_timed_chain(seed: int, ctx: int, verified: int):
     knobs = Candidate(source=SEED).resolved_knobs()
     model = task.build_candidate(ref, build_megakernel(SEED, FULL, extra_defines={k: str(v) for k, v in knobs.items()}))
     tokens, pristine = timing._chain(task, seed, ctx, verified + 1, DEV)
+    kept_tokens, kept_state = timing._host(tokens), timing._host(pristine)   # as time_candidate keeps them
     outs = timing._poisoned_outputs(tokens)
     _, state = timing._run(model, tokens, clone_state(pristine), outs)
-    return timing._verify(task, Checker(task, ref, model, DEV), tokens, pristine, (outs, state), seed, ctx, verified)
+    torch.cuda.synchronize(DEV)
+    timed = timing._host(outs), timing._host(state)
+    return timing._verify(task, Checker(task, ref, model, DEV), kept_tokens, kept_state, timed, seed, ctx, verified,
+                          DEV)
 
 
 def test_the_seed_passes_a_timed_sample_with_near_ties_at_three_layers():
