@@ -27,6 +27,12 @@ Each slab (16 packed rows = 32 k of a tile's 256 columns, 4 KB, contiguous in th
 of mma.m16n8k32's A fragment, holding column 32w + 4g + (i & 1) in its low nibble and that column + 2 in
 its high one. A warp's 32 columns of a slab are one 16-byte load per lane. MLA's kv_b, which the absorbs
 read row by row, keeps the layout the other declarations give.
+
+A kernel that ranks the experts before the hidden vector exists writes MK_ROUTE_FOLD once (`kimi_route_fold` = 1);
+each layer's `route_fold` then points at the router folded through the MoE norm and the attention output projection
+(otherwise it is null): n_experts rows of hidden + o_proj's in bf16 values, computed in fp64, row e being W'_e =
+router_w[e] * moe_norm, then M_e = W'_e W_o^T (W_o dequantized, (in, hidden)). So router_w . (moe_norm * h) =
+W'_e . resid + M_e . o when h = resid + o W_o.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ WEIGHT_SWIZZLE_MASK = 6   # swizzled w_q: row r's 16-byte chunk c sits at c ^ (r
 WEIGHT_SWIZZLE_SYMBOL = "kimi_weight_swizzle"   # the kernel's declaration (MK_SWIZZLED_WEIGHTS): 1 = swizzled
 WEIGHT_NIBBLES_SYMBOL = "kimi_weight_nibbles"   # the kernel's declaration (MK_PAIRED_NIBBLES): 1 = paired
 WEIGHT_MMA_SYMBOL = "kimi_weight_mma"   # the kernel's declaration (MK_MMA_WEIGHTS): 1 = MMA fragment order
+ROUTE_FOLD_SYMBOL = "kimi_route_fold"   # the kernel's declaration (MK_ROUTE_FOLD): 1 = route_fold is filled in
 # what a Kimi kernel may declare about itself
-DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL, WEIGHT_NIBBLES_SYMBOL, WEIGHT_MMA_SYMBOL]
+DECLARATIONS = [WEIGHT_SWIZZLE_SYMBOL, WEIGHT_NIBBLES_SYMBOL, WEIGHT_MMA_SYMBOL, ROUTE_FOLD_SYMBOL]
 
 # (name, C type, count). Pointers are 8 bytes on both sides; ints come last so no padding differs.
 QW_FIELDS = [("wq", "const unsigned char*", 1), ("sc", "const bf16*", 1), ("zr", "const bf16*", 1)]
@@ -52,6 +59,7 @@ LAYER_FIELDS = [
     ("beta_w", "const bf16*", 1),
     ("conv_w", "const bf16*", 1),
     ("router_w", "const bf16*", 1),
+    ("route_fold", "const bf16*", 1),
     ("expert", "QW", 3),
     ("shared", "QW", 3),
     ("S", "float*", 1),
@@ -91,6 +99,9 @@ def c_header(num_layers: int) -> str:
         "// A kernel that writes MK_MMA_WEIGHTS once gets each 4 KB slab of wq (16 rows) as [warp w][lane 4g+t][16 B]:",
         "// byte 4i+j = MMA row g+8(i&1), k 4t+j+16(i>>1); columns 32w+4g+(i&1) (low nibble) and +2 (high). Not kv_b.",
         f'#define MK_MMA_WEIGHTS extern "C" __device__ unsigned long long {WEIGHT_MMA_SYMBOL} = 1;',
+        "// A kernel that writes MK_ROUTE_FOLD once gets LayerParams.route_fold: per expert, router_w * moe_norm",
+        "// (hidden values), then that times W_o^T (o_proj's in values), bf16. Null without it.",
+        f'#define MK_ROUTE_FOLD extern "C" __device__ unsigned long long {ROUTE_FOLD_SYMBOL} = 1;',
         c_struct("QW", QW_FIELDS),
         c_struct("LayerParams", LAYER_FIELDS),
         c_struct("KimiParams", param_fields(num_layers)),

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EMBEDDED = [HERE.parent / "abi_gen.py", HERE.parent / "cuda_runtime.py", HERE / "modules.py", HERE / "abi.py",
-            HERE / "megakernel.py"]
+EMBEDDED = [HERE.parent / "abi_gen.py", HERE.parent / "cuda_runtime.py", HERE / "modules.py", HERE / "quant.py",
+            HERE / "abi.py", HERE / "megakernel.py"]
 # Upstream problem.yaml's forbidden substrings (check.py greps solution.py for them).
 FORBIDDEN = ["transformers", "flash_mla", "flashmla", "fla.ops", "flash_linear_attention", "vllm", "sglang",
              "bitsandbytes", "torchao", "marlin", "auto_gptq", "autoawq", "awq", "exllama", "import reference",

@@ -36,6 +36,7 @@ from .abi import (
     DECLARATIONS,
     ENTRY,
     NUM_PROJ,
+    ROUTE_FOLD_SYMBOL,
     WEIGHT_MMA_SYMBOL,
     WEIGHT_NIBBLES_SYMBOL,
     WEIGHT_SWIZZLE_MASK,
@@ -45,6 +46,7 @@ from .abi import (
     params_type,
 )
 from .modules import KimiBlocks, rope_inv_freq
+from .quant import dequantize
 
 RMS_EPS = 1.0e-6
 SAME_CONTEXT = "all MLA layers must hold the same number of cached tokens"
@@ -79,6 +81,14 @@ def kernel_defines(cfg) -> dict[str, str]:
 def kernel_prelude(cfg) -> str:
     """Text prepended to every candidate: CUDA headers, the ABI structs and the launch macro."""
     return "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" + c_header(len(cfg.pattern)) + LAUNCH_CONTRACT_MACRO
+
+
+def route_fold(router_w: torch.Tensor, moe_norm: torch.Tensor, o_proj) -> torch.Tensor:
+    """A layer's router folded through its MoE norm and attention output projection (abi.py: route_fold), in fp64
+    and then bf16: [router_w * moe_norm | (router_w * moe_norm) W_o^T], one row per expert."""
+    norm_rows = router_w.double() * moe_norm.double()[None, :]
+    w_o = dequantize(o_proj.w_q, o_proj.scales, o_proj.zeros, o_proj.group).double()
+    return torch.cat([norm_rows, norm_rows @ w_o.T], dim=1).to(torch.bfloat16).contiguous()
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,7 @@ class MegakernelModel(KimiBlocks):
             raise KernelContractError(f"kernel ABI size {size} != host KimiParams size {ctypes.sizeof(ptype)}")
         p = ptype()
         declarations = ((WEIGHT_SWIZZLE_SYMBOL, "MK_SWIZZLED_WEIGHTS"), (WEIGHT_NIBBLES_SYMBOL, "MK_PAIRED_NIBBLES"),
-                        (WEIGHT_MMA_SYMBOL, "MK_MMA_WEIGHTS"))
+                        (WEIGHT_MMA_SYMBOL, "MK_MMA_WEIGHTS"), (ROUTE_FOLD_SYMBOL, "MK_ROUTE_FOLD"))
         for symbol, macro in declarations:
             value = self._kernel.declared.get(symbol, 0)
             if value not in (0, 1):
@@ -172,6 +182,7 @@ class MegakernelModel(KimiBlocks):
         layout = WqLayout(swizzled=self._kernel.declared.get(WEIGHT_SWIZZLE_SYMBOL, 0) == 1,
                           paired=self._kernel.declared.get(WEIGHT_NIBBLES_SYMBOL, 0) == 1,
                           mma=self._kernel.declared.get(WEIGHT_MMA_SYMBOL, 0) == 1)
+        fold = self._kernel.declared.get(ROUTE_FOLD_SYMBOL, 0) == 1
         for i, blk in enumerate(self.blocks):
             lp = p.layer[i]
             lp.attn_norm = blk.attn_norm.data_ptr()
@@ -188,6 +199,10 @@ class MegakernelModel(KimiBlocks):
                 lp.beta_w = blk.attn.beta_proj.weight.data_ptr()
                 lp.conv_w = blk.attn.conv_w.data_ptr()
             lp.router_w = blk.moe.router.weight.data_ptr()
+            if fold:
+                folded = route_fold(blk.moe.router.weight, blk.moe_norm, projs[-1])
+                self._tiled.append(folded)
+                lp.route_fold = folded.data_ptr()
             for j, ex in enumerate((blk.moe.gate, blk.moe.up, blk.moe.down)):
                 self._set_qw(lp.expert[j], ex, layout)
             for j, ex in enumerate((blk.moe.s_gate, blk.moe.s_up, blk.moe.s_down)):
