@@ -482,7 +482,7 @@ def build_parser() -> Parser:
     m.add_argument("kernel", nargs="?", help="a Kimi kernel source whose declared knobs to model (default: the seed); "
                                              "the model knows the seed's schedule, so only the knobs it reads count "
                                              "(the K splits, PREFETCH, the GEMV loop's knobs, ACC_COUNT, and the "
-                                             "patches' AWAIT_EARLY and DEFER_SECOND)")
+                                             "patches' AWAIT_EARLY, DEFER_SECOND and ROUTE_EARLY)")
     m.add_argument("--knob", **knob, help="knob value to model (repeatable)")
     m.add_argument("--set", action="append", type=arg_type(machine_setting), metavar="FIELD=VALUE",
                    help="a machine-model figure, e.g. dram_order=fifo or compute_scale=0.73 (repeatable)")

@@ -266,6 +266,28 @@ def test_await_early_moves_only_the_down_units_input_wait_before_their_chunk_lan
     assert simulate(FULL, {**SEED_KNOBS, "AWAIT_EARLY": 0}, MachineModel(), fixed).kernel_us == late.kernel_us
 
 
+def test_route_early_drops_the_kda_router_phases_and_issues_the_routed_chunks_before_staging():
+    """ROUTE_EARLY (a patch's knob, 52nd session): the KDA layers lose their router phase (the MLA layer keeps its
+    own), the shared experts' chunks go one barrier ahead, and a routed block issues at its release and stages its
+    input while the chunks fly. A seed that does not declare the knob is modelled with it off."""
+    names = [p.name for p in step_plan(FULL, SEED_KNOBS)]
+    early_plan = step_plan(FULL, {**SEED_KNOBS, "ROUTE_EARLY": 1})
+    assert [p.name for p in early_plan] == [n for n in names if not n.endswith("router+windows")]
+    assert "L3 router" in [p.name for p in early_plan]
+    for p in early_plan:
+        if "g/u" in p.name:
+            gate_up = p.tables[0]
+            assert gate_up.staging == (Staging.ROUTE if p.name.startswith("L3") else Staging.ROUTED_EARLY)
+            assert {f.back for f in gate_up.prefetches} == {2 if p.name.startswith("L3") else 1}
+    fixed = fixed_spans(step_plan(FULL, SEED_KNOBS))
+    base = simulate(FULL, SEED_KNOBS, MachineModel(), fixed)
+    early = simulate(FULL, {**SEED_KNOBS, "ROUTE_EARLY": 1}, MachineModel(), fixed)
+    routers = sum(e.span_us + e.wait_us for e in base.phases if e.name.endswith("router+windows"))
+    assert base.kernel_us - routers < base.kernel_us - 1.0
+    assert early.kernel_us < base.kernel_us - routers + 1e-6   # the MoE phases get no longer
+    assert simulate(FULL, {**SEED_KNOBS, "ROUTE_EARLY": 0}, MachineModel(), fixed).kernel_us == base.kernel_us
+
+
 def down_chain(loads_behind_copies: bool, defer_second: bool) -> dict[str, float]:
     """One block: a gate/up unit with one tiny chunk, then a down unit of two 4 µs chunks whose input that unit
     makes; the down unit's events (µs)."""

@@ -97,7 +97,9 @@ class MachineModel(BaseModel):
                                         Finish.MOE_OUT: 1.0, Finish.COUNTED: 0.7}
     # FLOATS: the output projection stages only its units' K slice since 85ce779 (it staged all 16 KB of o, 0.7);
     # refitted to that change's stamps (H100, 2026-12-07: mean block 3.4 -> 2.8 us, spans 5.2-5.4 -> 4.6-4.7)
-    staging_us: dict[Staging, float] = {Staging.RMSNORM: 1.3, Staging.FLOATS: 0.15, Staging.ROUTE: 2.9}
+    # ROUTED_EARLY: the routed table and issue (~0.3), then RMSNORM's staging in flight (see run_table)
+    staging_us: dict[Staging, float] = {Staging.RMSNORM: 1.3, Staging.FLOATS: 0.15, Staging.ROUTE: 2.9,
+                                        Staging.ROUTED_EARLY: 0.3}
     swiglu_us: float = Field(0.3, ge=0, description="a down unit's SwiGLU staging, besides its partial loads")
     arrive_us: float = Field(0.3, ge=0, description="last work to arrival at the grid barrier")
     barrier_us: float = Field(0.8, ge=0, description="last arrival to release (stamps: 0.67-0.86)")
@@ -427,6 +429,8 @@ class StepSimulation:
         held = landed is None and self.holds_second(chunks)
         if landed is None:
             landed = yield from self.issue_first(block, chunks)
+        if table.staging == Staging.ROUTED_EARLY:   # the input is staged after the first issue
+            yield self.env.timeout(self.m.staging_us[Staging.RMSNORM])
         if table.staging is not None:
             self.mark(phase, block, "staged")
         if chunks:

@@ -28,6 +28,8 @@ class Staging(str, Enum):
     RMSNORM = "rmsnorm"     # stage rmsnorm(x) * weight as int16 blocks, fp16 for dense rows (KDA / MLA)
     FLOATS = "floats"       # stage the attention output (output projections)
     ROUTE = "route"         # top-k from the router logits, the routed job table, the first issue
+    ROUTED_EARLY = "routed_early"   # (ROUTE_EARLY) the experts already ranked: the routed job table and the first
+                                    # issue, then rmsnorm(x) staged while those chunks fly
 
 
 class Finish(str, Enum):
@@ -159,10 +161,13 @@ def job_units(name: str, k: int, n: int, ksplit: int, cfg: KimiConfig, warps: in
             for tile in range(tiles_of(n)) for split in range(ksplit)]
 
 
-def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -> tuple[JobTable, JobTable]:
+def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int,
+               early: bool = False) -> tuple[JobTable, JobTable]:
     """The MoE phase's two tables: shared then routed gate/up pairs, then every slot's down projection. The
     shared units' first chunks are issued two barriers ahead, the routed units' after routing. With the knob
-    SPLIT_PAIRS (absent: 0), the last routed experts run their gate and up as two jobs of one-matrix units."""
+    SPLIT_PAIRS (absent: 0), the last routed experts run their gate and up as two jobs of one-matrix units.
+    `early` (ROUTE_EARLY): no router phase before, so the shared chunks go one barrier ahead, and the routing is
+    done when the phase starts."""
     d, f = cfg.hidden, cfg.moe_inter
     gu_split = {**{s: knobs["KSPLIT_GU"] for s in range(cfg.n_active)},
                 **{cfg.n_active + s: knobs["KSPLIT_SHARED"] for s in range(cfg.n_shared)}}
@@ -190,8 +195,9 @@ def moe_tables(cfg: KimiConfig, knobs: dict[str, int], warps: int, layer: int) -
                                  finish=down_finish, tile=(f"L{layer} down", 0, tile), parts=n_slots * ks,
                                  sum_rounds=sum_rounds(n_slots * ks, warps, down_finish), needs=needs,
                                  need_rounds=swiglu_rounds(gu_split[slot], k1 - k0, warps), job=slot))
-    prefetches = (Prefetch(shared_blocks, 2),) if knobs["PREFETCH"] else ()
-    return (JobTable(units=tuple(gate_up), staging=Staging.ROUTE, prefetches=prefetches),
+    prefetches = (Prefetch(shared_blocks, 1 if early else 2),) if knobs["PREFETCH"] else ()
+    return (JobTable(units=tuple(gate_up), staging=Staging.ROUTED_EARLY if early else Staging.ROUTE,
+                     prefetches=prefetches),
             JobTable(units=tuple(down), staging=None, past_previous=True))
 
 
@@ -219,8 +225,10 @@ def step_plan(cfg: KimiConfig, knobs: dict[str, int]) -> list[Phase]:
                        + job_units(f"L{layer} kva", d, cfg.kv_lora + cfg.qk_rope, ks, cfg, warps, Finish.MLA, 1))
             gemv = {names[0]: (JobTable(units=tuple(project), staging=Staging.RMSNORM, prefetches=first_ahead),),
                     names[4]: (out_proj,)}
-        gemv[names[-1]] = moe_tables(cfg, knobs, warps, layer)
-        phases.extend(Phase(name=f"L{layer} {n}", tables=gemv.get(n, ())) for n in names)
+        early = kind == "K" and bool(knobs.get("ROUTE_EARLY", 0))   # absent: off (older seeds)
+        gemv[names[-1]] = moe_tables(cfg, knobs, warps, layer, early)
+        phases.extend(Phase(name=f"L{layer} {n}", tables=gemv.get(n, ())) for n in names
+                      if not (early and n == "router+windows"))   # its stamps remain, a phase of no time
     return phases
 
 
