@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: diagnostics, GPU tests and benchmarks, as many steps as asked. Logs go to $OUT.
-# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond smembase apartctx ringshift attnread timeline moechain throughput recovery modelcheck validate
+# Usage (device tool, repo root): bash scripts/gpu_suite.sh STEP...   steps: diag tests sandbox cheats checks kimi agent bench upstream calib session session_bg session_wait scripted reexec compare stamps phases host probe tcprobe chunkprobe tctile coldcode rolled tiediag stepwarm splitpairs stacked unitcost unitcall coldfetch stalls ringahead codedose routerpf mmarate cluster pdl attnkept qbulk smallloads session36 acccount guacc downsplit pollahead routerrows routerflags awaitearly awaitchecks foldsplit session39 session40 mmaloop outissue outearly attnlo outl2 mergeacc mlabare chainstamps stampcost stampafter modulebias stampfresh kdapairs kdapairschecks kdablocks awaitpoll defersecond smembase apartctx ringshift routeearly routeearlychecks attnread timeline moechain throughput recovery modelcheck validate
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -308,6 +308,14 @@ PY
     keypad)  # the attention's cache-tile rows on 32-byte sectors (key-pad.patch, KEY_PAD; 51st session, after bulk_align_probe):
              # the seed, the patch at 8 (control: the seed's .text) and 16, interleaved at 2K and 16K; stamps at 16K
       ALL_PHASES=1 PHASES_CTX=16384 knob_experiment traces/examples/kimi-key-pad/key-pad.patch keypad KEY_PAD=8 KEY_PAD=16 ;;
+    routeearly)  # no router phase on the KDA layers (route-early.patch, ROUTE_EARLY; 52nd session): the seed, the patch at 0
+                 # (control) and 1, interleaved at 2K and 16K, the Kimi GPU tests on the patched seed (its default, 1),
+                 # and the stamps of the seed and of ROUTE_EARLY 1 at 2K
+      COMPARE_S=${COMPARE_S:-330} KIMI_TESTS=1 knob_experiment traces/examples/kimi-route-early/route-early.patch routeearly \
+        ROUTE_EARLY=0 ROUTE_EARLY=1 ;;
+    routeearlychecks)  # the patched seed (ROUTE_EARLY 1) through the Kimi GPU tests and upstream check.py (its export
+                       # computes the folded router too)
+      CHECK_TESTS=tests/test_gpu_kimi.py seed_checks routeearly traces/examples/kimi-route-early/route-early.patch ;;
     ringshift)  # which accesses pay for a shared region off its 128-byte boundary (ring-shift.patch, RING_SHIFT; 50th
                 # session, a probe): the seed against the ring alone misaligned, everything but the ring misaligned,
                 # and everything misaligned (the pre-SMEM_BASE layout), interleaved at 2K and 16K
