@@ -13,12 +13,15 @@ the timed run's outputs and end state, the replay's state around the step it che
 the moment it exists (device copies were once all zeroed by a red team's kernel, so that doing nothing
 matched; and a binding may hand out views of buffers that the replay rewrites). Every output and the final state
 must be bit-identical to the timed run's, the rows of the cache the chain started with must be
-untouched, and one step, picked only after the timed run and not marked in any way the kernel could see
-in its buffers, is checked against the fp32 reference from the candidate's own state before it. A kernel
-that works on fewer steps than it is timed on fails the check on one of them as often as it skips one
-(each of 21 samples per evaluation picks anew); one that behaves differently when timed ends differently
-from its replay. Not closed: within the timed window every token of the chain is in device memory from its
-first step, so a kernel that found them could work on later steps early (with correct results).
+untouched, and some of its steps, picked only after the timed run and not marked in any way the kernel could
+see in its buffers, are checked against the fp32 reference from the candidate's own state before each. The
+samples of a context start at the same position, and between them every step is checked (20 steps over 7
+samples: 3 each, in a random order). A kernel that works on fewer steps than it is timed on is caught at
+every position it skips, whatever the rule it skips by (one random step per sample let a kernel that skipped
+one position in 20 pass an evaluation about a third of the time); one that behaves differently when timed
+ends differently from its replay. Not closed: within the timed
+window every token of the chain is in device memory from its first step, so a kernel that found them could
+work on later steps early (with correct results).
 """
 
 from __future__ import annotations
@@ -111,7 +114,8 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
     rng = rng or random.SystemRandom()
     stream = torch.cuda.current_stream(device)
     gpu_us, host_us, checks = [], [], []
-    for _ in range(samples):
+    order, per = rng.sample(range(steps), steps), -(-steps // samples)   # every step checked in some sample
+    for n in range(samples):
         seed = rng.randrange(1, 2**31 - 2 * (steps + warmup))
         warm_tokens, warm_state = _chain(task, seed + steps, ctx, warmup, device)   # a throwaway chain
         checker.poison(warm_state)
@@ -126,7 +130,8 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
         _settle(device)
         timed = _host(outs), _host(state)   # before the kernel runs again: it knows these buffers
         written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
-        check = (_verify(task, checker, kept_tokens, kept_state, timed, seed, ctx, rng.randrange(steps), device)
+        verified = sorted({order[(n * per + j) % steps] for j in range(per)})
+        check = (_verify(task, checker, kept_tokens, kept_state, timed, seed, ctx, verified, device)
                  if not written else _tampered(seed, ctx, f"the kernel wrote into its input tokens {written[:4]}"))
         checks.append(check)
         gpu_us.append(gpu)
@@ -143,35 +148,44 @@ def _settle(device) -> None:
 
 
 def _verify(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: list, timed, seed: int, ctx: int,
-            verified: int, device) -> SampleCheck:
+            verified: list[int], device) -> SampleCheck:
     """Replay the chain from host copies of its inputs exactly as it was timed; then compare the replay with the
-    timed run bit for bit, the cache rows the chain was given with their host copy, and step `verified` with the
-    reference. Everything the verdict reads is copied to the host the moment it exists (the state around step
-    `verified`, that step's output, the replay's end), and the reference starts from fresh device copies of those
-    after the replay: a kernel may rewrite any device buffer it can find, during any step."""
+    timed run bit for bit, the cache rows the chain was given with their host copy, and each step in `verified`
+    with the reference. Everything the verdict reads is copied to the host the moment it
+    exists (the state before and after a checked step, that step's output, the replay's end), and the reference
+    starts from fresh device copies of those after the replay, when the kernel runs no more: a kernel may rewrite
+    any device buffer it can find during any step, and could undo after a check what it did before it (the
+    reference's weights are compared with their start-up fingerprints only after the evaluation)."""
     tokens = _on(kept_tokens, device)
     outs, state = _poisoned_outputs(tokens), _on(kept_state, device)
     checker.poison(state)
-    before = after = out = None
+    bounds = {i for i in verified} | {i + 1 for i in verified}   # the state before step i (len(tokens): the end)
+    states, step_outs = {}, {}
     for i, token in enumerate(tokens):
-        if i == verified:
+        if i in bounds:
             _settle(device)
-            before = _host(state)
+            states[i] = _host(state)
         _, state = checker.cand.step(token, state, out=outs[i])
-        if i == verified:
+        if i in verified:
             _settle(device)
-            after, out = _host(state), _host(outs[i])
+            step_outs[i] = _host(outs[i])
     _settle(device)
     replay_outs, replay_state = _host(outs), _host(state)
+    states[len(tokens)] = replay_state
     timed_outs, timed_state = timed
     differing = [f"out[{i}]" for i, (a, b) in enumerate(zip(timed_outs, replay_outs, strict=True))
                  if not _same_bits(a, b)]
     differing += _state_differences(timed_state, replay_state)
     written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
     changed = [k for k, same in task.untouched(kept_state, replay_state, ctx).items() if not same]
-    slack = task.spec.continuation_slack if verified else 1.0   # step 0 runs from the fresh state, not its own
-    case = checker.judge("timed", seed, ctx + verified, _on(kept_tokens[verified], device), _on(before, device),
-                         _on(out, device), _on(after, device), verified, slack)
+    cases = {}
+    for i in verified:   # step 0 runs from the fresh state, not its own: no continuation slack
+        cases[i] = checker.judge("timed", seed, ctx + i, _on(kept_tokens[i], device), _on(states[i], device),
+                                 _on(step_outs[i], device), _on(states[i + 1], device), i,
+                                 task.spec.continuation_slack if i else 1.0)
+        if not cases[i].passed:
+            break
+    case = next((c for c in cases.values() if not c.passed), cases[verified[0]])
     message = ""
     if written:
         message = f"the kernel wrote into its input tokens {written[:4]} in the untimed replay"
@@ -183,8 +197,9 @@ def _verify(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: li
     elif not case.passed:
         message = describe(case)
     passed = not message
-    return SampleCheck(seed=seed, start_ctx=ctx, verified_step=verified, replay_identical=not differing,
-                       passed=passed, worst=worst_line(case), message=message, case=None if passed else case)
+    return SampleCheck(seed=seed, start_ctx=ctx, verified_step=case.step, checked_steps=verified,
+                       replay_identical=not differing, passed=passed, worst=worst_line(case), message=message,
+                       case=None if passed else case)
 
 
 def _tampered(seed: int, ctx: int, message: str) -> SampleCheck:

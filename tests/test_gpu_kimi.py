@@ -243,7 +243,7 @@ def _check_timed_chain(seed: int, ctx: int, verified: int):
     _, state = timing._run(model, tokens, clone_state(pristine), outs)
     torch.cuda.synchronize(DEV)
     timed = timing._host(outs), timing._host(state)
-    return timing._verify(task, Checker(task, ref, model, DEV), kept_tokens, kept_state, timed, seed, ctx, verified,
+    return timing._verify(task, Checker(task, ref, model, DEV), kept_tokens, kept_state, timed, seed, ctx, [verified],
                           DEV)
 
 

@@ -75,6 +75,24 @@ def test_skipping_work_on_every_other_timed_step_is_refused(monkeypatch):
     assert not checks[-1].passed and "timed" in checks[-1].message
 
 
+@pytest.mark.parametrize("seed", [0, 1, 8])
+def test_skipping_one_position_in_a_chain_is_refused_whatever_steps_are_picked(monkeypatch, seed):
+    """A hostile attempt (52nd session): skip the work of one position in STEPS, keyed on the position alone. With
+    one random step checked per sample it passed 2 of 10 evaluations here (rng seeds 0 and 8); now a context's
+    samples check every position between them, so it is refused at every seed."""
+    cand = Candidate(real=lambda pos, out: pos % STEPS != STEPS - 1)
+    _, _, checks = run(monkeypatch, cand, rng=random.Random(seed))
+    assert not checks[-1].passed and "timed" in checks[-1].message
+    assert (CTX + checks[-1].verified_step) % STEPS == STEPS - 1
+
+
+def test_a_context_s_samples_check_every_step_between_them(monkeypatch):
+    _, _, checks = run(monkeypatch, Candidate(), rng=random.Random(8))
+    assert all(c.passed for c in checks)
+    assert set().union(*(c.checked_steps for c in checks)) == set(range(STEPS))
+    assert all(c.verified_step in c.checked_steps for c in checks)
+
+
 def test_working_only_where_the_buffer_looks_checked_gains_nothing(monkeypatch):
     """The red team's cheat: real work only on a poisoned output buffer. Every step's buffer is poisoned,
     timed or replayed, so the kernel cannot skip anything; it did all the work and passed."""

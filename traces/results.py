@@ -89,12 +89,16 @@ class CheckResult(BaseModel):
 
 class SampleCheck(BaseModel):
     """How one timed sample was verified: its untimed replay from the same inputs ended bit-identical, and the
-    step picked after the timed run matched the reference (sandbox/timing.py)."""
+    steps picked after the timed run matched the reference (sandbox/timing.py)."""
 
     seed: int
     start_ctx: int = Field(description="context of the chain's first timed step")
-    verified_step: int = Field(description="index among the chain's timed steps of the one checked against the "
-                                           "reference")
+    verified_step: int = Field(description="index among the chain's timed steps of a step checked against the "
+                                           "reference (see checked_steps)")
+    checked_steps: list[int] = Field(
+        default_factory=list, description="every step checked against the reference (between its samples a context's "
+        "are all checked); verified_step is the first that failed, else the first of them (empty in traces before "
+        "2026-12-08, which checked one)")
     replay_identical: bool
     passed: bool
     worst: str = Field("", description="the checked step's tensor closest to its bound")
