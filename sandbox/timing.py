@@ -13,13 +13,15 @@ the timed run's outputs and end state, the replay's state around the step it che
 the moment it exists (device copies were once all zeroed by a red team's kernel, so that doing nothing
 matched; and a binding may hand out views of buffers that the replay rewrites). Every output and the final state
 must be bit-identical to the timed run's, the rows of the cache the chain started with must be
-untouched, and some of its steps, picked only after the timed run and not marked in any way the kernel could
-see in its buffers, are checked against the fp32 reference from the candidate's own state before each. The
-samples of a context start at the same position, and between them every step is checked (20 steps over 7
-samples: 3 each, in a random order). A kernel that works on fewer steps than it is timed on is caught at
-every position it skips, whatever the rule it skips by (one random step per sample let a kernel that skipped
-one position in 20 pass an evaluation about a third of the time); one that behaves differently when timed
-ends differently from its replay. Not closed: within the timed
+untouched, and some of its steps are checked against the fp32 reference from the candidate's own state
+before each. The samples of a context start at the same position, and between them every step is checked
+(20 steps over 7 samples: 3 each, in an order drawn on the host). A kernel that works on fewer steps than it is
+timed on is caught at every position it skips, whatever the rule it skips by (one random step per sample let a
+kernel that skipped one position in 20 pass an evaluation about a third of the time), as long as it cannot
+learn the order: the replay copies every step's state and output to the host alike, and the checks run after
+the context's last replay (a red team's kernel read the checked steps from the replay's pauses, and with them
+the steps later samples would check, and skipped half its work). One that behaves differently when timed ends
+differently from its replay. Not closed: within the timed
 window every token of the chain is in device memory from its first step, so a kernel that found them could
 work on later steps early (with correct results).
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -109,11 +112,11 @@ def time_steps(task: Task, model, ctx: int, seed: int, steps: int, samples: int,
 def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: int, warmup: int,
                    device: torch.device, rng: random.Random | None = None
                    ) -> tuple[list[float], list[float], list[SampleCheck]]:
-    """A candidate's samples at `ctx` (timed steps at ctx .. ctx + steps - 1), each verified; stops at the
-    first sample that fails verification."""
+    """A candidate's samples at `ctx` (timed steps at ctx .. ctx + steps - 1), each replayed, then all checked
+    against the reference; stops at the first sample that fails."""
     rng = rng or random.SystemRandom()
     stream = torch.cuda.current_stream(device)
-    gpu_us, host_us, checks = [], [], []
+    gpu_us, host_us, replayed = [], [], []
     order, per = rng.sample(range(steps), steps), -(-steps // samples)   # every step checked in some sample
     for n in range(samples):
         seed = rng.randrange(1, 2**31 - 2 * (steps + warmup))
@@ -131,14 +134,19 @@ def time_candidate(task: Task, model, checker, ctx: int, steps: int, samples: in
         timed = _host(outs), _host(state)   # before the kernel runs again: it knows these buffers
         written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
         verified = sorted({order[(n * per + j) % steps] for j in range(per)})
-        check = (_verify(task, checker, kept_tokens, kept_state, timed, seed, ctx, verified, device)
-                 if not written else _tampered(seed, ctx, f"the kernel wrote into its input tokens {written[:4]}"))
-        checks.append(check)
+        sample = (_replay(task, checker, kept_tokens, kept_state, timed, seed, ctx, verified, device) if not written
+                  else _tampered(seed, ctx, f"the kernel wrote into its input tokens {written[:4]}"))
+        replayed.append(sample)
         gpu_us.append(gpu)
         host_us.append(host)
-        if not check.passed:
+        if isinstance(sample, SampleCheck) or sample.failure:
             break
-    return gpu_us, host_us, checks
+    checks = []
+    for sample in replayed:   # after the context's last kernel run: no later run can learn which steps were checked
+        checks.append(sample if isinstance(sample, SampleCheck) else _judge(task, checker, sample, device))
+        if not checks[-1].passed:
+            break
+    return gpu_us[:len(checks)], host_us[:len(checks)], checks
 
 
 def _settle(device) -> None:
@@ -147,28 +155,42 @@ def _settle(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _verify(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: list, timed, seed: int, ctx: int,
-            verified: list[int], device) -> SampleCheck:
-    """Replay the chain from host copies of its inputs exactly as it was timed; then compare the replay with the
-    timed run bit for bit, the cache rows the chain was given with their host copy, and each step in `verified`
-    with the reference. Everything the verdict reads is copied to the host the moment it
-    exists (the state before and after a checked step, that step's output, the replay's end), and the reference
-    starts from fresh device copies of those after the replay, when the kernel runs no more: a kernel may rewrite
-    any device buffer it can find during any step, and could undo after a check what it did before it (the
-    reference's weights are compared with their start-up fingerprints only after the evaluation)."""
+@dataclass
+class _Replayed:
+    """A sample's untimed replay, its reference checks still to come: what they read, in host memory."""
+
+    seed: int
+    ctx: int
+    tokens: list[torch.Tensor]
+    verified: list[int]               # the steps to check against the reference
+    states: dict[int, list]           # the state before step i (i = the chain's length: its end), around them
+    outs: dict[int, torch.Tensor]     # their outputs, as each stood right after its step
+    failure: str                      # why the replay already refuses the sample ("" if it does not)
+    replay_identical: bool
+
+
+def _replay(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: list, timed, seed: int, ctx: int,
+            verified: list[int], device) -> _Replayed:
+    """Replay the chain from host copies of its inputs exactly as it was timed, and compare it with the timed run
+    bit for bit, and the cache rows the chain was given with their host copy. Every step's state before it and
+    output after it are copied to the host, whichever steps are checked, so the kernel cannot tell which (nor, as
+    the checks cover every step between a context's samples, which steps later samples will check); only those
+    around the steps in `verified` are kept. A kernel may rewrite any device buffer it can find, during any step."""
     tokens = _on(kept_tokens, device)
     outs, state = _poisoned_outputs(tokens), _on(kept_state, device)
     checker.poison(state)
-    bounds = {i for i in verified} | {i + 1 for i in verified}   # the state before step i (len(tokens): the end)
+    bounds = set(verified) | {i + 1 for i in verified}
     states, step_outs = {}, {}
     for i, token in enumerate(tokens):
+        _settle(device)
+        before = _host(state)
         if i in bounds:
-            _settle(device)
-            states[i] = _host(state)
+            states[i] = before
         _, state = checker.cand.step(token, state, out=outs[i])
+        _settle(device)
+        out = _host(outs[i])
         if i in verified:
-            _settle(device)
-            step_outs[i] = _host(outs[i])
+            step_outs[i] = out
     _settle(device)
     replay_outs, replay_state = _host(outs), _host(state)
     states[len(tokens)] = replay_state
@@ -178,27 +200,34 @@ def _verify(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: li
     differing += _state_differences(timed_state, replay_state)
     written = [i for i, (a, b) in enumerate(zip(_host(tokens), kept_tokens, strict=True)) if not _same_bits(a, b)]
     changed = [k for k, same in task.untouched(kept_state, replay_state, ctx).items() if not same]
-    cases = {}
-    for i in verified:   # step 0 runs from the fresh state, not its own: no continuation slack
-        cases[i] = checker.judge("timed", seed, ctx + i, _on(kept_tokens[i], device), _on(states[i], device),
-                                 _on(step_outs[i], device), _on(states[i + 1], device), i,
-                                 task.spec.continuation_slack if i else 1.0)
-        if not cases[i].passed:
-            break
-    case = next((c for c in cases.values() if not c.passed), cases[verified[0]])
-    message = ""
+    failure = ""
     if written:
-        message = f"the kernel wrote into its input tokens {written[:4]} in the untimed replay"
+        failure = f"the kernel wrote into its input tokens {written[:4]} in the untimed replay"
     elif differing:
-        message = (f"the timed run ended differently from its untimed replay in {differing[:4]}: the kernel does "
+        failure = (f"the timed run ended differently from its untimed replay in {differing[:4]}: the kernel does "
                    "not compute the same result when timed")
     elif changed:
-        message = f"the chain changed {changed} of the state it was given, which must stay bit-identical"
-    elif not case.passed:
-        message = describe(case)
+        failure = f"the chain changed {changed} of the state it was given, which must stay bit-identical"
+    return _Replayed(seed=seed, ctx=ctx, tokens=kept_tokens, verified=verified, states=states, outs=step_outs,
+                     failure=failure, replay_identical=not differing)
+
+
+def _judge(task: Task, checker, r: _Replayed, device) -> SampleCheck:
+    """Check the replayed steps `r.verified` against the fp32 reference, each from fresh device copies of the state
+    before it (the kernel runs no more for this context: it could otherwise undo, after a check, a change to the
+    reference's weights made before it, which the weight guard compares only after the evaluation)."""
+    cases = []
+    for i in r.verified:   # step 0 runs from the fresh state, not its own: no continuation slack
+        cases.append(checker.judge("timed", r.seed, r.ctx + i, _on(r.tokens[i], device), _on(r.states[i], device),
+                                   _on(r.outs[i], device), _on(r.states[i + 1], device), i,
+                                   task.spec.continuation_slack if i else 1.0))
+        if not cases[-1].passed:
+            break
+    case = cases[-1] if not cases[-1].passed else cases[0]
+    message = r.failure or ("" if case.passed else describe(case))
     passed = not message
-    return SampleCheck(seed=seed, start_ctx=ctx, verified_step=case.step, checked_steps=verified,
-                       replay_identical=not differing, passed=passed, worst=worst_line(case), message=message,
+    return SampleCheck(seed=r.seed, start_ctx=r.ctx, verified_step=case.step, checked_steps=r.verified,
+                       replay_identical=r.replay_identical, passed=passed, worst=worst_line(case), message=message,
                        case=None if passed else case)
 
 

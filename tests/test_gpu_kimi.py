@@ -243,8 +243,9 @@ def _check_timed_chain(seed: int, ctx: int, verified: int):
     _, state = timing._run(model, tokens, clone_state(pristine), outs)
     torch.cuda.synchronize(DEV)
     timed = timing._host(outs), timing._host(state)
-    return timing._verify(task, Checker(task, ref, model, DEV), kept_tokens, kept_state, timed, seed, ctx, [verified],
-                          DEV)
+    checker = Checker(task, ref, model, DEV)
+    replayed = timing._replay(task, checker, kept_tokens, kept_state, timed, seed, ctx, [verified], DEV)
+    return timing._judge(task, checker, replayed, DEV)
 
 
 def test_the_seed_passes_a_timed_sample_with_near_ties_at_three_layers():

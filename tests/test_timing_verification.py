@@ -93,6 +93,35 @@ def test_a_context_s_samples_check_every_step_between_them(monkeypatch):
     assert all(c.verified_step in c.checked_steps for c in checks)
 
 
+def test_the_replay_treats_every_step_alike_whichever_are_checked(monkeypatch):
+    """A red team's kernel (52nd session) read which steps a sample checked from the replay's pauses (a host copy of
+    the state only around the checked steps), and from those the steps later samples would check, and skipped half
+    its work. Between any two replayed steps the host now does the same, whichever steps are checked."""
+    log = []
+    settle, host = timing._settle, timing._host
+    monkeypatch.setattr(timing, "_settle", lambda device: (log.append("settle"), settle(device))[1])
+    monkeypatch.setattr(timing, "_host", lambda x: (log.append("host"), host(x))[1])
+
+    class Logged(Candidate):
+        def step(self, hidden, state, out=None):
+            log.append("step")
+            return super().step(hidden, state, out)
+
+    cand = Logged()
+    checker = Checker(TASK, build_model(ReferenceModel, TASK.cfg, seed=0, device=CPU), cand, CPU)
+    tokens, pristine = timing._chain(TASK, 5, CTX, STEPS, CPU)
+    kept_tokens, kept_state = timing._host(tokens), timing._host(pristine)
+    timed = timing._host(timing._poisoned_outputs(tokens)), timing._host(pristine)
+    patterns = []
+    for verified in ([0], [STEPS - 1], [1, 3]):
+        log.clear()
+        timing._replay(TASK, checker, kept_tokens, kept_state, timed, 5, CTX, verified, CPU)
+        steps = "|".join(log).split("step")
+        patterns.append(steps[1:-1])   # between two replayed steps
+        assert len(set(steps[1:-1])) == 1
+    assert patterns[0] == patterns[1] == patterns[2]
+
+
 def test_working_only_where_the_buffer_looks_checked_gains_nothing(monkeypatch):
     """The red team's cheat: real work only on a poisoned output buffer. Every step's buffer is poisoned,
     timed or replayed, so the kernel cannot skip anything; it did all the work and passed."""
@@ -207,7 +236,7 @@ def test_zeroing_every_input_it_can_reach_during_the_timed_run_is_refused(monkey
             frame = sys._getframe(1)
             while frame is not None and frame.f_code.co_name != "time_candidate":
                 frame = frame.f_back
-            timed = (frame is not None and "_verify" not in {f.f_code.co_name for f in _frames()}
+            timed = (frame is not None and "_replay" not in {f.f_code.co_name for f in _frames()}
                      and any(out is o for o in frame.f_locals.get("outs") or []))
             zero = not bool(hidden.any()) and not any(bool(t.any()) for t in _tensors(state))
             if timed or zero:   # nothing to do: the output and the new cache rows are zero
