@@ -21,9 +21,8 @@ kernel that skipped one position in 20 pass an evaluation about a third of the t
 learn the order: the replay copies every step's state and output to the host alike, and the checks run after
 the context's last replay (a red team's kernel read the checked steps from the replay's pauses, and with them
 the steps later samples would check, and skipped half its work). One that behaves differently when timed ends
-differently from its replay. Not closed: within the timed
-window every token of the chain is in device memory from its first step, so a kernel that found them could
-work on later steps early (with correct results).
+differently from its replay. Not closed: within the timed window every token of the chain is in device memory
+from its first step, so a kernel that found them could work on later steps early (with correct results).
 """
 
 from __future__ import annotations
