@@ -1,7 +1,7 @@
 import random
 import sys
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3] / "tests"))
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2] / "tests"))
 import test_timing_verification as tv
 
 
