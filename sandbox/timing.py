@@ -213,8 +213,9 @@ def _replay(task: Task, checker, kept_tokens: list[torch.Tensor], kept_state: li
 
 def _judge(task: Task, checker, r: _Replayed, device) -> SampleCheck:
     """Check the replayed steps `r.verified` against the fp32 reference, each from fresh device copies of the state
-    before it (the kernel runs no more for this context: it could otherwise undo, after a check, a change to the
-    reference's weights made before it, which the weight guard compares only after the evaluation)."""
+    before it and of the step's output. Run after the context's last replay, so no later run in this context can
+    learn which steps were checked. Not closed: the weight guard compares the reference's weights only after the
+    whole evaluation, so a kernel that changed them before a check could undo that in a later context's runs."""
     cases = []
     for i in r.verified:   # step 0 runs from the fresh state, not its own: no continuation slack
         cases.append(checker.judge("timed", r.seed, r.ctx + i, _on(r.tokens[i], device), _on(r.states[i], device),
